@@ -1,0 +1,1 @@
+"""compositor package."""

@@ -1,0 +1,1 @@
+"""inference_core package."""

@@ -1,0 +1,48 @@
+"""Errors raised by the inference core.
+
+Hierarchy::
+
+    InferenceError                 root: anything the inference core refuses or fails at
+    ├── AvatarError                an avatar package cannot be used
+    │   ├── AvatarNotFoundError    no avatar with that id under the avatar root
+    │   └── AvatarInvalidError     the package exists but is malformed (lists every problem)
+    ├── ModelLoadError             an ONNX file is missing, corrupt or does not fit its adapter
+    ├── ModelInputError            a request's tensors do not have the shapes the model needs
+    └── AudioError                 audio cannot be read or has an unusable format
+
+Every message names the thing that failed and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class InferenceError(Exception):
+    """Root of all inference-core errors."""
+
+
+class AvatarError(InferenceError):
+    """An avatar package cannot be used."""
+
+
+class AvatarNotFoundError(AvatarError):
+    """No avatar with the requested id exists under the avatar root."""
+
+
+class AvatarInvalidError(AvatarError):
+    """An avatar package exists but has problems; ``problems`` lists each one."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[str] = list(problems or [])
+
+
+class ModelLoadError(InferenceError):
+    """An ONNX model could not be loaded or does not fit its adapter."""
+
+
+class ModelInputError(InferenceError):
+    """Tensors handed to a model have the wrong shape or type."""
+
+
+class AudioError(InferenceError):
+    """Audio could not be decoded or has an unusable format."""
