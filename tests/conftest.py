@@ -1,0 +1,17 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.media import speech_with_pauses
+
+
+@pytest.fixture(scope="session")
+def speech_16k(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """About 4 s of espeak-ng speech at 16 kHz with 1 s pauses, and the spoken spans."""
+    tmp: Path = tmp_path_factory.mktemp("speech")
+    return speech_with_pauses(tmp)
