@@ -4,6 +4,7 @@ Hierarchy::
 
     InferenceError                 root: anything the inference core refuses or fails at
     ├── AvatarError                an avatar package cannot be used
+    │   ├── InvalidAvatarIdError   the id is not [a-z0-9_-]{1,64} or escapes the avatar root
     │   ├── AvatarNotFoundError    no avatar with that id under the avatar root
     │   └── AvatarInvalidError     the package exists but is malformed (lists every problem)
     ├── ModelLoadError             an ONNX file is missing, corrupt or does not fit its adapter
@@ -22,6 +23,10 @@ class InferenceError(Exception):
 
 class AvatarError(InferenceError):
     """An avatar package cannot be used."""
+
+
+class InvalidAvatarIdError(AvatarError):
+    """An avatar id is malformed or would resolve outside the avatar root."""
 
 
 class AvatarNotFoundError(AvatarError):

@@ -1,0 +1,232 @@
+"""The lip-sync model adapter: avatar crops + audio windows in, uint8 face regions out.
+
+Inputs are bound by shape, never by name, so exports that call their inputs
+``input``/``audio``, ``visual_frames``/``audio_features`` or anything else load alike.
+What the model expects (sizes, mask, colour and channel order, scaling) comes from the
+avatar manifest's :class:`~inference_core.manifest.AdapterSpec`.
+
+Frames travel as uint8 until the last moment: a 6×320×320 visual input is 614 KB as
+uint8 and 2.46 MB as float32 (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+
+from inference_core.exceptions import ModelInputError, ModelLoadError
+from inference_core.manifest import AdapterSpec
+
+logger = logging.getLogger(__name__)
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class ModelBinding:
+    """Which ONNX input carries which tensor, and whether the batch axis is dynamic."""
+
+    visual_name: str
+    audio_name: str
+    output_name: str
+    dynamic_batch: bool
+
+
+def fits_shape(dims: Sequence[Dim], expected: Sequence[int]) -> bool:
+    """True when ``dims`` (batch first) can hold per-frame tensors of shape ``expected``."""
+    if len(dims) != len(expected) + 1:
+        return False
+    return all(not isinstance(d, int) or d == e for d, e in zip(dims[1:], expected, strict=True))
+
+
+def _shape_text(dims: Sequence[Dim]) -> str:
+    return "[" + ",".join("?" if not isinstance(d, int) else str(d) for d in dims) + "]"
+
+
+def bind_inputs(
+    inputs: Sequence[tuple[str, Sequence[Dim]]],
+    outputs: Sequence[tuple[str, Sequence[Dim]]],
+    spec: AdapterSpec,
+) -> ModelBinding:
+    """Match a model's declared inputs/outputs to the adapter's tensors by shape.
+
+    Raises :class:`ModelLoadError` describing what was found and what was expected.
+    """
+    visual = [name for name, dims in inputs if fits_shape(dims, spec.visual_shape)]
+    audio = [name for name, dims in inputs if fits_shape(dims, spec.audio_shape)]
+    found = ", ".join(f"{name}{_shape_text(dims)}" for name, dims in inputs)
+    want = (
+        f"a visual input [B,{','.join(map(str, spec.visual_shape))}] and an audio input "
+        f"[B,{','.join(map(str, spec.audio_shape))}]"
+    )
+    if len(inputs) != 2 or len(visual) != 1 or len(audio) != 1 or visual[0] == audio[0]:
+        raise ModelLoadError(f"model inputs {found} do not fit adapter {spec.name!r}: need {want}")
+    fitting_out = [name for name, dims in outputs if fits_shape(dims, spec.output_shape)]
+    if not fitting_out:
+        out_found = ", ".join(f"{name}{_shape_text(dims)}" for name, dims in outputs)
+        raise ModelLoadError(
+            f"model outputs {out_found} do not fit adapter {spec.name!r}: need an output "
+            f"[B,{','.join(map(str, spec.output_shape))}]"
+        )
+    batch_dims = [dims[0] for name, dims in inputs] + [
+        dims[0] for name, dims in outputs if name == fitting_out[0]
+    ]
+    if any(isinstance(d, int) and d != 1 for d in batch_dims):
+        raise ModelLoadError(f"model batch axis must be dynamic or 1, found {found}")
+    dynamic = all(not isinstance(d, int) for d in batch_dims)
+    return ModelBinding(visual[0], audio[0], fitting_out[0], dynamic)
+
+
+def open_session(
+    path: Path,
+    *,
+    providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
+    options: ort.SessionOptions | None = None,
+) -> ort.InferenceSession:
+    """Create an onnxruntime session, turning every failure into a :class:`ModelLoadError`."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} does not exist")
+    try:
+        return ort.InferenceSession(
+            str(path),
+            sess_options=options,
+            providers=list(providers) if providers else ["CPUExecutionProvider"],
+        )
+    except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail/InvalidGraph
+        raise ModelLoadError(f"model file {path} cannot be loaded: {exc}") from exc
+
+
+class LipSyncAdapter:
+    """Feeds one lip-sync ONNX session according to an :class:`AdapterSpec`.
+
+    ``run`` is thread-safe (onnxruntime's ``session.run`` is) and releases the GIL while
+    the model runs, so callers hand it to an executor.
+    """
+
+    def __init__(
+        self, session: ort.InferenceSession, spec: AdapterSpec, *, max_batch_size: int = 8
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.session = session
+        self.spec = spec
+        self.binding = bind_inputs(
+            [(i.name, i.shape) for i in session.get_inputs()],
+            [(o.name, o.shape) for o in session.get_outputs()],
+            spec,
+        )
+        self.max_batch_size = max_batch_size if self.binding.dynamic_batch else 1
+        x, y, w, h = spec.mask_rect
+        self._mask = (slice(y, y + h), slice(x, x + w))
+        if spec.pixel_scale == "zero_one":
+            self._in_scale, self._in_offset = 1.0 / 255.0, 0.0
+        else:
+            self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
+
+    @classmethod
+    def from_path(
+        cls,
+        path: Path,
+        spec: AdapterSpec,
+        *,
+        max_batch_size: int = 8,
+        providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
+        options: ort.SessionOptions | None = None,
+    ) -> LipSyncAdapter:
+        """Load ``path`` and bind it; a model that does not fit raises :class:`ModelLoadError`."""
+        session = open_session(path, providers=providers, options=options)
+        try:
+            return cls(session, spec, max_batch_size=max_batch_size)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from exc
+
+    def crop_for_model(self, region_bgr: np.ndarray) -> np.ndarray:
+        """Resize a rect-sized BGR region to the crop size (bicubic), as training did."""
+        size = self.spec.crop_size
+        return cv2.resize(region_bgr, (size, size), interpolation=cv2.INTER_CUBIC)
+
+    def visual_input(self, crop_bgr: np.ndarray) -> np.ndarray:
+        """Build the uint8 ``[6,S,S]`` visual input from a crop-sized BGR crop.
+
+        Reference = the crop's inner ``S×S``; the masked copy has ``mask_rect`` zeroed.
+        """
+        spec = self.spec
+        if crop_bgr.shape != (spec.crop_size, spec.crop_size, 3) or crop_bgr.dtype != np.uint8:
+            raise ModelInputError(
+                f"crop must be uint8 ({spec.crop_size},{spec.crop_size},3), "
+                f"got {crop_bgr.dtype} {crop_bgr.shape}"
+            )
+        b, s = spec.crop_border, spec.input_size
+        inner = crop_bgr[b : b + s, b : b + s]
+        if spec.color_order == "rgb":
+            inner = inner[:, :, ::-1]
+        reference = inner.transpose(2, 0, 1)
+        masked = reference.copy()
+        masked[:, self._mask[0], self._mask[1]] = 0
+        if spec.channel_order == "masked_first":
+            return np.concatenate((masked, reference), axis=0)
+        return np.concatenate((reference, masked), axis=0)
+
+    def run(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
+        """Run uint8 visual inputs ``[B,6,S,S]`` with float32 audio ``[B,*audio_shape]``.
+
+        Returns BGR uint8 face regions ``[B,S,S,3]``. Any B works: batches are chunked to
+        ``max_batch_size`` (1 for models with a static batch axis).
+        """
+        n = self._check_batch(visual, audio, visual_dtype=np.uint8)
+        out = np.empty((n, self.spec.input_size, self.spec.input_size, 3), dtype=np.uint8)
+        for start in range(0, n, self.max_batch_size):
+            stop = min(n, start + self.max_batch_size)
+            x = visual[start:stop].astype(np.float32)
+            x *= self._in_scale
+            if self._in_offset:
+                x += self._in_offset
+            y = self._run_float(x, audio[start:stop])
+            out[start:stop] = self._to_uint8(y)
+        return out
+
+    def run_raw(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
+        """Run already-scaled float32 inputs and return the raw float32 outputs ``[B,3,S,S]``."""
+        n = self._check_batch(visual, audio, visual_dtype=np.float32)
+        chunks = [
+            self._run_float(visual[i : i + self.max_batch_size], audio[i : i + self.max_batch_size])
+            for i in range(0, n, self.max_batch_size)
+        ]
+        return np.concatenate(chunks, axis=0)
+
+    def _check_batch(self, visual: np.ndarray, audio: np.ndarray, *, visual_dtype: type) -> int:
+        spec = self.spec
+        n = visual.shape[0] if visual.ndim == 4 else -1
+        if visual.dtype != visual_dtype or visual.shape[1:] != spec.visual_shape:
+            raise ModelInputError(
+                f"visual input must be {np.dtype(visual_dtype).name} "
+                f"[B,{','.join(map(str, spec.visual_shape))}], got {visual.dtype} {visual.shape}"
+            )
+        if audio.shape != (n, *spec.audio_shape):
+            raise ModelInputError(
+                f"audio input must be [B={n},{','.join(map(str, spec.audio_shape))}], "
+                f"got {audio.shape}"
+            )
+        return n
+
+    def _run_float(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
+        b = self.binding
+        feeds = {b.visual_name: visual, b.audio_name: np.ascontiguousarray(audio, np.float32)}
+        result = self.session.run([b.output_name], feeds)[0]
+        return np.asarray(result, dtype=np.float32)
+
+    def _to_uint8(self, y: np.ndarray) -> np.ndarray:
+        if self.spec.output_scale == "minus_one_one":
+            y = (y + 1.0) * 127.5
+        else:
+            y = y * 255.0
+        img = np.clip(y + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+        if self.spec.color_order == "rgb":
+            img = img[:, :, :, ::-1]
+        return np.ascontiguousarray(img)
