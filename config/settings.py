@@ -1,0 +1,304 @@
+"""The typed settings object: every option lipstream reads, with its default and limits.
+
+``Settings`` is built once at start-up (see ``config.loader.load_settings``), validated
+as a whole, frozen, and handed to constructors. Every section has defaults, so an empty
+file (or no file) is valid and serves the built-in demo avatar on 127.0.0.1:8080.
+
+Models forbid unknown keys so a typo (``prot: 9000``) stops start-up instead of being
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+_BYTE_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": KIB,
+    "mib": MIB,
+    "gib": GIB,
+    "tib": 1024 * GIB,
+}
+_BYTE_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTE_SIZE_FORMS = (
+    "expected a byte size: a whole number of bytes (65536) or a number with a unit, "
+    "B, KB, MB, GB, TB (1000-based) or KiB, MiB, GiB, TiB (1024-based), "
+    'e.g. "512MiB", "8GiB", "1.5GB"'
+)
+
+MODEL_ID_PATTERN = r"^[a-z0-9_-]{1,64}$"
+_MODEL_ID_RE = re.compile(MODEL_ID_PATTERN)
+
+#: Keys whose values are secrets: never shown in errors, reprs or dumps.
+SECRET_KEYS: frozenset[str] = frozenset({"admin_token", "credential"})
+
+
+def parse_byte_size(value: object) -> int:
+    """Turn ``65536``, ``"65536"``, ``"64KiB"``, ``"1.5GB"`` into a number of bytes.
+
+    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024 (units are
+    case-insensitive). Anything else raises ``ValueError`` listing the accepted forms.
+    """
+    if isinstance(value, bool):
+        raise ValueError(_BYTE_SIZE_FORMS)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a byte size cannot be negative; {_BYTE_SIZE_FORMS}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(_BYTE_SIZE_FORMS)
+    match = _BYTE_SIZE_RE.match(value)
+    if match is None:
+        raise ValueError(_BYTE_SIZE_FORMS)
+    number, unit = match.group(1), match.group(2).lower() or "b"
+    if unit not in _BYTE_UNITS:
+        raise ValueError(f"unknown unit {match.group(2)!r}; {_BYTE_SIZE_FORMS}")
+    try:
+        size = Decimal(number) * _BYTE_UNITS[unit]
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(_BYTE_SIZE_FORMS) from exc
+    if size != size.to_integral_value():
+        raise ValueError(f"{value!r} is not a whole number of bytes; {_BYTE_SIZE_FORMS}")
+    return int(size)
+
+
+def _check_model_id(value: str) -> str:
+    if not _MODEL_ID_RE.match(value):
+        raise ValueError(
+            f"model id must match {MODEL_ID_PATTERN} "
+            "(1-64 characters: lowercase letters, digits, '_' and '-')"
+        )
+    return value
+
+
+def _check_ice_url(value: str) -> str:
+    if not value.startswith(("stun:", "turn:", "turns:")):
+        raise ValueError("an ICE server URL must start with stun:, turn: or turns:")
+    return value
+
+
+def _one_or_many(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_DATA_HOME/lipstream`` when XDG_DATA_HOME is an absolute path, else
+    ``~/.local/share/lipstream`` (the XDG base-directory rule)."""
+    xdg = environ.get("XDG_DATA_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "lipstream"
+    home = environ.get("HOME")
+    return (Path(home) if home else Path.home()) / ".local" / "share" / "lipstream"
+
+
+#: A size in bytes: an int, or a string such as "512MiB", "8GiB", "1.5GB".
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
+#: An avatar / model id: ``^[a-z0-9_-]{1,64}$``; it names a folder under ``avatars.root``.
+ModelId = Annotated[str, AfterValidator(_check_model_id)]
+#: A filesystem path; a leading ``~`` is expanded.
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+IceUrl = Annotated[str, AfterValidator(_check_ice_url)]
+
+
+class _Section(BaseModel):
+    """Common behaviour: frozen, unknown keys rejected, a null section means defaults.
+
+    ``server:`` with every key commented out parses as null in YAML; treating that as
+    "all defaults" is what the person editing the file means.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data: Any) -> Any:
+        return {} if data is None else data
+
+
+class IceServer(_Section):
+    """One STUN/TURN server handed to aiortc's ``RTCIceServer``."""
+
+    urls: Annotated[list[IceUrl], BeforeValidator(_one_or_many)] = Field(min_length=1)
+    username: str | None = None
+    credential: SecretStr | None = None
+
+
+class ServerSettings(_Section):
+    """HTTP listener, WebRTC ICE configuration, admission and request limits."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    # Empty by default: aiortc's None means a public Google STUN server, which a
+    # self-hosted server must not contact unless asked to.
+    ice_servers: list[IceServer] = Field(default_factory=list)
+    cors_origins: list[str] = Field(default_factory=list)
+    admin_token: SecretStr | None = None
+    max_sessions: int = Field(default=16, ge=1)
+    max_offer_bytes: ByteSize = Field(default=64 * KIB, ge=1)
+    offer_rate_limit_per_minute: int = Field(default=30, ge=0)
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+
+
+class DevicesSettings(_Section):
+    """Which devices run inference and how much each may hold."""
+
+    kind: Literal["auto", "cpu", "cuda"] = "auto"
+    count: int | None = Field(default=None, ge=1)
+    workers_per_device: int = Field(default=2, ge=1)
+    max_models_per_device: int = Field(default=64, ge=1)
+    max_memory_per_device: ByteSize | None = Field(default=None, ge=1)
+    cpu_threads_per_session: int = Field(default=0, ge=0)
+
+
+class ModelSettings(_Section):
+    """Per-model placement hints, keyed by model id in ``registry.models``."""
+
+    preferred_device: int | None = Field(default=None, ge=0)
+    preload: bool = False
+
+
+class RegistrySettings(_Section):
+    """Loading, placing and evicting models on devices."""
+
+    eviction_policy: Literal["lru", "lfu"] = "lru"
+    idle_timeout_s: float = Field(default=900.0, ge=0)
+    assignment: Literal["round-robin", "least-loaded"] = "least-loaded"
+    load_timeout_s: float = Field(default=120.0, gt=0)
+    models: dict[ModelId, ModelSettings] = Field(default_factory=dict)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _null_models(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class BatchingSettings(_Section):
+    """Cross-session batching per model."""
+
+    max_batch_size: int = Field(default=8, ge=1, le=64)
+    max_wait_ms: float = Field(default=3.0, ge=0, le=100)
+    queue_size: int = Field(default=256, ge=1)
+
+
+class CacheSettings(_Section):
+    """Memory bounds of the compositor's caches."""
+
+    background_cache_bytes: ByteSize = Field(default=256 * MIB, ge=0)
+
+
+class AvatarsSettings(_Section):
+    """Where avatar packages live."""
+
+    root: UserPath = Path("./avatars")
+    data_dir: UserPath = Field(default_factory=lambda: default_data_dir(os.environ))
+    demo: bool = True
+
+
+class AudioSettings(_Section):
+    """Audio features, voice activity and speech/silence blending."""
+
+    right_context: int = Field(default=7, ge=0, le=7)
+    vad_threshold_db: float = Field(default=-45.0, ge=-100, le=0)
+    hangover_frames: int = Field(default=4, ge=0)
+    blend_frames: int = Field(default=3, ge=0)
+
+
+class VideoSettings(_Section):
+    """H.264 encoding of the outgoing avatar video."""
+
+    encoder: Literal["auto", "libx264", "h264_nvenc"] = "auto"
+    preset: Literal[
+        "ultrafast",
+        "superfast",
+        "veryfast",
+        "faster",
+        "fast",
+        "medium",
+        "slow",
+        "slower",
+        "veryslow",
+    ] = "veryfast"
+    bitrate_kbps: int | None = Field(default=None, ge=100)
+    keyframe_interval_s: float = Field(default=2.0, gt=0)
+
+
+class SessionSettings(_Section):
+    """Per-session deadlines and input limits."""
+
+    ice_timeout_s: float = Field(default=20.0, gt=0)
+    idle_timeout_s: float = Field(default=300.0, ge=0)
+    max_audio_push_bytes: ByteSize = Field(default=16 * MIB, ge=1)
+    max_say_chars: int = Field(default=2000, ge=1)
+
+
+class TtsSettings(_Section):
+    """Text-to-speech for the ``say`` API."""
+
+    engine: Literal["auto", "espeak", "http", "none"] = "auto"
+    voice: str = "en"
+    http_url: str | None = Field(default=None, validate_default=True)
+    http_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("http_url")
+    @classmethod
+    def _url_when_http(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A field validator (not a model validator) so the error is reported at
+        # tts.http_url, the key the user has to fix.
+        if value is None:
+            if info.data.get("engine") == "http":
+                raise ValueError('required when tts.engine is "http"')
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
+class LoggingSettings(_Section):
+    """Log verbosity and line format."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class Settings(_Section):
+    """Everything lipstream can be configured with; build it with ``load_settings``."""
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    devices: DevicesSettings = Field(default_factory=DevicesSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    avatars: AvatarsSettings = Field(default_factory=AvatarsSettings)
+    audio: AudioSettings = Field(default_factory=AudioSettings)
+    video: VideoSettings = Field(default_factory=VideoSettings)
+    session: SessionSettings = Field(default_factory=SessionSettings)
+    tts: TtsSettings = Field(default_factory=TtsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
