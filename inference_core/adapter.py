@@ -102,49 +102,17 @@ def open_session(
         raise ModelLoadError(f"model file {path} cannot be loaded: {exc}") from exc
 
 
-class LipSyncAdapter:
-    """Feeds one lip-sync ONNX session according to an :class:`AdapterSpec`.
+class FaceInputBuilder:
+    """Turns a rect-sized region of an avatar frame into the model's uint8 visual input.
 
-    ``run`` is thread-safe (onnxruntime's ``session.run`` is) and releases the GIL while
-    the model runs, so callers hand it to an executor.
+    Needs only the adapter spec, not a session, so frames can be prepared wherever the
+    model happens to run.
     """
 
-    def __init__(
-        self, session: ort.InferenceSession, spec: AdapterSpec, *, max_batch_size: int = 8
-    ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.session = session
+    def __init__(self, spec: AdapterSpec) -> None:
         self.spec = spec
-        self.binding = bind_inputs(
-            [(i.name, i.shape) for i in session.get_inputs()],
-            [(o.name, o.shape) for o in session.get_outputs()],
-            spec,
-        )
-        self.max_batch_size = max_batch_size if self.binding.dynamic_batch else 1
         x, y, w, h = spec.mask_rect
         self._mask = (slice(y, y + h), slice(x, x + w))
-        if spec.pixel_scale == "zero_one":
-            self._in_scale, self._in_offset = 1.0 / 255.0, 0.0
-        else:
-            self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
-
-    @classmethod
-    def from_path(
-        cls,
-        path: Path,
-        spec: AdapterSpec,
-        *,
-        max_batch_size: int = 8,
-        providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
-        options: ort.SessionOptions | None = None,
-    ) -> LipSyncAdapter:
-        """Load ``path`` and bind it; a model that does not fit raises :class:`ModelLoadError`."""
-        session = open_session(path, providers=providers, options=options)
-        try:
-            return cls(session, spec, max_batch_size=max_batch_size)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"{path}: {exc}") from exc
 
     def crop_for_model(self, region_bgr: np.ndarray) -> np.ndarray:
         """Resize a rect-sized BGR region to the crop size (bicubic), as training did."""
@@ -172,6 +140,49 @@ class LipSyncAdapter:
         if spec.channel_order == "masked_first":
             return np.concatenate((masked, reference), axis=0)
         return np.concatenate((reference, masked), axis=0)
+
+
+class LipSyncAdapter:
+    """Feeds one lip-sync ONNX session according to an :class:`AdapterSpec`.
+
+    ``run`` is thread-safe (onnxruntime's ``session.run`` is) and releases the GIL while
+    the model runs, so callers hand it to an executor.
+    """
+
+    def __init__(
+        self, session: ort.InferenceSession, spec: AdapterSpec, *, max_batch_size: int = 8
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.session = session
+        self.spec = spec
+        self.binding = bind_inputs(
+            [(i.name, i.shape) for i in session.get_inputs()],
+            [(o.name, o.shape) for o in session.get_outputs()],
+            spec,
+        )
+        self.max_batch_size = max_batch_size if self.binding.dynamic_batch else 1
+        if spec.pixel_scale == "zero_one":
+            self._in_scale, self._in_offset = 1.0 / 255.0, 0.0
+        else:
+            self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
+
+    @classmethod
+    def from_path(
+        cls,
+        path: Path,
+        spec: AdapterSpec,
+        *,
+        max_batch_size: int = 8,
+        providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
+        options: ort.SessionOptions | None = None,
+    ) -> LipSyncAdapter:
+        """Load ``path`` and bind it; a model that does not fit raises :class:`ModelLoadError`."""
+        session = open_session(path, providers=providers, options=options)
+        try:
+            return cls(session, spec, max_batch_size=max_batch_size)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from exc
 
     def run(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
         """Run uint8 visual inputs ``[B,6,S,S]`` with float32 audio ``[B,*audio_shape]``.

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install lipstream with its test tools into .venv, then lint, type-check and run every test.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+echo "== ruff"; .venv/bin/ruff check .
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/pytest "$@"
