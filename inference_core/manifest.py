@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST_NAME = "avatar.json"
 
@@ -122,11 +122,16 @@ class AvatarManifest(BaseModel):
     models: ModelsSpec = ModelsSpec()
     adapter: AdapterSpec = AdapterSpec()
 
-    @model_validator(mode="after")
-    def _consistent(self) -> AvatarManifest:
-        w, h = self.frame_size
+    @field_validator("frame_size")
+    @classmethod
+    def _even_size(cls, size: tuple[int, int]) -> tuple[int, int]:
+        w, h = size
         if w <= 0 or h <= 0 or w % 2 or h % 2:
             raise ValueError(f"frame_size {[w, h]} must be positive even numbers (yuv420p)")
+        return size
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AvatarManifest:
         if self.adapter.audio_feature == "ave" and self.models.audio_encoder is None:
             raise ValueError("models.audio_encoder is required when adapter.audio_feature is 'ave'")
         return self
