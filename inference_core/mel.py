@@ -146,6 +146,11 @@ class StreamingMel:
         """Mel frames returned so far since the start of the stream."""
         return self._next_frame
 
+    @property
+    def buffered_samples(self) -> int:
+        """Samples held for frames not yet emitted (bounded by about n_fft + one push)."""
+        return self._head.size + (0 if self._buf is None else self._buf.size)
+
     def reset(self) -> None:
         """Forget the stream: the next push starts a new signal."""
         self._prev_sample = 0.0  # lfilter's zero initial state: y[0] = x[0]
