@@ -11,7 +11,9 @@ from tests.media import speech_with_pauses
 
 
 @pytest.fixture(scope="session")
-def speech_16k(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, list[tuple[float, float]]]:
+def speech_16k(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[np.ndarray, list[tuple[float, float]]]:
     """About 4 s of espeak-ng speech at 16 kHz with 1 s pauses, and the spoken spans."""
     tmp: Path = tmp_path_factory.mktemp("speech")
     return speech_with_pauses(tmp)

@@ -64,7 +64,8 @@ def test_raw_run_returns_float_outputs_in_unit_range(tmp_path: Path) -> None:
     raw = adapter.run_raw(visual.astype(np.float32) / 255.0, audio)
     assert raw.shape == (2, 3, 320, 320)
     assert raw.dtype == np.float32
-    assert 0.0 < raw.min() and raw.max() < 1.0
+    assert raw.min() > 0.0
+    assert raw.max() < 1.0
     # the uint8 path is the same computation, scaled and transposed to HWC
     expected = np.clip(raw * 255.0 + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
     np.testing.assert_array_equal(adapter.run(visual, audio), expected)
@@ -80,7 +81,7 @@ def test_model_that_does_not_fit_is_refused_with_shapes(tmp_path: Path) -> None:
 def test_corrupt_and_missing_files_give_clear_errors(tmp_path: Path) -> None:
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08\x01garbage" * 100)
-    with pytest.raises(ModelLoadError, match="corrupt.onnx cannot be loaded"):
+    with pytest.raises(ModelLoadError, match=r"corrupt\.onnx cannot be loaded"):
         LipSyncAdapter.from_path(corrupt, SPEC)
     with pytest.raises(ModelLoadError, match="does not exist"):
         LipSyncAdapter.from_path(tmp_path / "nope.onnx", SPEC)
