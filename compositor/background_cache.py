@@ -165,6 +165,7 @@ class AvatarFrames:
         self.avatar_id = avatar_id
         self._paths = tuple(Path(p) for p in paths)
         self._cache = cache
+        self._size: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -188,8 +189,10 @@ class AvatarFrames:
 
     @property
     def size(self) -> tuple[int, int]:
-        """``(w, h)`` of the avatar's frames, read from the first frame."""
-        return frame_size(self.get(0))
+        """``(w, h)`` of the avatar's frames, read from the first frame once."""
+        if self._size is None:
+            self._size = frame_size(self.get(0))
+        return self._size
 
     def evict(self) -> int:
         """Drop this avatar's frames from the shared cache; returns how many were cached."""

@@ -46,7 +46,7 @@ def frame_size(frame: Frame) -> tuple[int, int]:
     if rows % 3:
         raise ValueError(f"I420 frame has {rows} rows; expected h * 3 / 2 rows")
     h = rows * 2 // 3
-    if h % 2 or w % 2 or h == 0:
+    if h % 2 or w % 2 or h == 0 or w == 0:
         raise ValueError(f"I420 frame must be non-empty with even width and height, got {w}x{h}")
     return w, h
 
