@@ -240,7 +240,9 @@ def lookahead_ms(
     """Audio (ms) past frame ``i``'s own time ``i / fps`` needed before it can be emitted.
 
     The maximum over all frames, STFT half window included: 452.5 ms for "ave" with the
-    full right context at 25 fps, 40 ms less per row of right context dropped.
+    full right context at 25 fps, 40 ms less per row of right context dropped. R=0 gives
+    the same 212.5 ms as R=1 because frame 0's own row is window 0 either way; after
+    frame 0, R=0 frames need only 172.5 ms. Kind "mel" needs 212.5 ms.
     """
     _check_args(kind, fps, right_context)
     timing = _Timing(MelConfig(), fps)

@@ -144,3 +144,18 @@ def test_config_rejects_unusable_values() -> None:
         MelConfig(win=400)
     with pytest.raises(ValueError, match="fmax"):
         MelConfig(fmax=9000.0)
+
+
+def test_streaming_keeps_the_tail_when_hop_exceeds_half_window() -> None:
+    # With hop > n_fft/2 the last pad+1 samples (read by the right reflect padding at
+    # flush) can lie before the next frame's start; they must not be dropped.
+    cfg = MelConfig(hop=600)
+    # A length that is a multiple of hop: the last frame starts right at the end of the
+    # signal and mirrors the sample just before it.
+    samples = (np.random.default_rng(4).standard_normal(9000) * 0.1).astype(np.float32)
+    offline = melspectrogram(samples, cfg)
+    assert offline.shape == (1 + 9000 // 600, 80)
+    for size in (320, 777):
+        stream = StreamingMel(cfg)
+        parts = [stream.push(samples[s : s + size]) for s in range(0, len(samples), size)]
+        np.testing.assert_array_equal(np.concatenate([*parts, stream.flush()]), offline)
