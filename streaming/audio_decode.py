@@ -63,8 +63,10 @@ def decode_audio(path: Path, *, out_rate: int = 48_000) -> DecodedAudio:
         outs: list[av.AudioFrame] = []
         try:
             for frame in container.decode(stream):
-                feats += to_16k.resample(frame)
+                # Order matters: a pass-through resampler (16 kHz mono s16 input) hands
+                # back the frame after altering it, which the other resampler then refuses.
                 outs += to_out.resample(frame)
+                feats += to_16k.resample(frame)
             feats += to_16k.resample(None)
             outs += to_out.resample(None)
         except av.error.FFmpegError as exc:

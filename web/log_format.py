@@ -50,10 +50,15 @@ def _extra(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
 
 
+class _LipstreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the handler this module installed, so a second call replaces only it."""
+
+
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
-    """Send all logs to stderr in the chosen format (replaces existing root handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Send all logs to stderr in the chosen format (replacing a handler set here before)."""
+    handler = _LipstreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _LipstreamHandler)]
+    root.addHandler(handler)
     root.setLevel(level.upper())
