@@ -45,7 +45,7 @@ def fits_shape(dims: Sequence[Dim], expected: Sequence[int]) -> bool:
     return all(not isinstance(d, int) or d == e for d, e in zip(dims[1:], expected, strict=True))
 
 
-def _shape_text(dims: Sequence[Dim]) -> str:
+def shape_text(dims: Sequence[Dim]) -> str:
     return "[" + ",".join("?" if not isinstance(d, int) else str(d) for d in dims) + "]"
 
 
@@ -60,7 +60,7 @@ def bind_inputs(
     """
     visual = [name for name, dims in inputs if fits_shape(dims, spec.visual_shape)]
     audio = [name for name, dims in inputs if fits_shape(dims, spec.audio_shape)]
-    found = ", ".join(f"{name}{_shape_text(dims)}" for name, dims in inputs)
+    found = ", ".join(f"{name}{shape_text(dims)}" for name, dims in inputs)
     want = (
         f"a visual input [B,{','.join(map(str, spec.visual_shape))}] and an audio input "
         f"[B,{','.join(map(str, spec.audio_shape))}]"
@@ -69,7 +69,7 @@ def bind_inputs(
         raise ModelLoadError(f"model inputs {found} do not fit adapter {spec.name!r}: need {want}")
     fitting_out = [name for name, dims in outputs if fits_shape(dims, spec.output_shape)]
     if not fitting_out:
-        out_found = ", ".join(f"{name}{_shape_text(dims)}" for name, dims in outputs)
+        out_found = ", ".join(f"{name}{shape_text(dims)}" for name, dims in outputs)
         raise ModelLoadError(
             f"model outputs {out_found} do not fit adapter {spec.name!r}: need an output "
             f"[B,{','.join(map(str, spec.output_shape))}]"

@@ -22,7 +22,8 @@ import numpy as np
 from compositor.background_cache import AvatarFrames, BackgroundCache
 from compositor.sequencer import FrameSequencer
 from inference_core.adapter import LipSyncAdapter
-from inference_core.audio_features import AudioEncoder, FrameAudio, offline_features
+from inference_core.audio_encoder import AudioEncoder
+from inference_core.audio_features import FrameAudio, lookahead_ms, offline_features
 from inference_core.avatar import AvatarPackage
 from streaming.audio_decode import DecodedAudio, decode_audio
 from streaming.frame_pipeline import FramePipeline
@@ -57,6 +58,7 @@ class RenderResult:
     duration_s: float
     fps: int
     seconds: float
+    lookahead_ms: float  # audio a frame needs past its own time (what a live stream waits)
 
 
 def render_file(
@@ -103,12 +105,16 @@ def render_file(
         hangover_frames=options.hangover_frames,
         blend_frames=options.blend_frames,
     )
+    lookahead = lookahead_ms(options.right_context, fps, kind=spec.audio_feature)
     logger.info(
-        "rendering avatar=%s audio=%s duration_s=%.2f frames=%d",
+        "rendering avatar=%s audio=%s duration_s=%.2f frames=%d right_context=%d "
+        "lookahead_ms=%.1f",
         package.avatar_id,
         audio_path,
         audio.duration_s,
         len(features),
+        options.right_context,
+        lookahead,
     )
     tmp_path = out_path.with_name(f".{out_path.name}.partial.mp4")
     inferred = 0
@@ -138,7 +144,9 @@ def render_file(
         seconds,
         len(features) / max(seconds, 1e-9),
     )
-    return RenderResult(out_path, len(features), inferred, audio.duration_s, fps, seconds)
+    return RenderResult(
+        out_path, len(features), inferred, audio.duration_s, fps, seconds, lookahead
+    )
 
 
 def _render_chunk(

@@ -10,9 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from inference_core.audio_encoder import AudioEncoder
 from inference_core.audio_features import (
     SILENCE_DB,
-    AudioEncoder,
     AudioFeatureStream,
     FrameAudio,
     lookahead_ms,

@@ -153,6 +153,7 @@ def _render(settings: Settings, avatar_id: str, audio: Path, out: Path, *, progr
     print(
         f"wrote {result.path}: {result.frames} frames at {result.fps} fps "
         f"({result.duration_s:.2f} s audio, {result.inferred_frames} frames lip-synced) "
-        f"in {result.seconds:.1f} s"
+        f"in {result.seconds:.1f} s; live delay from the model's lookahead: "
+        f"{result.lookahead_ms:.0f} ms (audio.right_context={settings.audio.right_context})"
     )
     return 0
