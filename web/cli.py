@@ -18,10 +18,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
+
 from compositor.exceptions import CompositorError
 from config.loader import ConfigError, dump_settings, load_settings
 from config.settings import Settings
+from inference_core.avatar import AvatarLocator
+from inference_core.benchmark_model import build_benchmark_unet, estimate_macs
 from inference_core.exceptions import InferenceError
+from inference_core.validation import validate_package
+from streaming.offline_render import RenderOptions, render_file
 from web.log_format import configure_logging
 
 logger = logging.getLogger("lipstream")
@@ -89,8 +95,6 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "avatar":
         return _avatar(settings, args.avatar_command, getattr(args, "directory", None))
     if args.command == "model":
-        from inference_core.benchmark_model import build_benchmark_unet, estimate_macs
-
         kwargs = {} if args.width is None else {"width": args.width}
         path = build_benchmark_unet(args.out, **kwargs)
         print(f"{path}: {estimate_macs(**kwargs):,} MAC per frame")
@@ -101,9 +105,6 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _avatar(settings: Settings, command: str, directory: Path | None) -> int:
-    from inference_core.avatar import AvatarLocator
-    from inference_core.validation import validate_package
-
     a = settings.avatars
     locator = AvatarLocator(a.root, a.data_dir, demo=a.demo)
     if command == "validate":
@@ -125,11 +126,6 @@ def _avatar(settings: Settings, command: str, directory: Path | None) -> int:
 
 
 def _render(settings: Settings, avatar_id: str, audio: Path, out: Path, *, progress: bool) -> int:
-    from tqdm import tqdm
-
-    from inference_core.avatar import AvatarLocator
-    from streaming.offline_render import RenderOptions, render_file
-
     a = settings.avatars
     package = AvatarLocator(a.root, a.data_dir, demo=a.demo).load(avatar_id)
     options = RenderOptions(
