@@ -1,0 +1,79 @@
+"""One frame of work for a model, and the seam between the scheduler and a loaded model.
+
+A :class:`FrameRequest` is created on the event loop, queued on a device, batched with
+other requests for the same model (from any session) and completed from a worker
+thread through ``loop.call_soon_threadsafe``: its future gets the output array or an
+:class:`~inference_core.exceptions.InferenceError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class FrameRequest:
+    """A frame for ``model_id``.
+
+    ``visual`` is uint8 ``[6,S,S]`` (a session frame) or float32 ``[6,S,S]`` already
+    scaled (raw API). ``raw`` asks for the float32 ``[3,S,S]`` model output instead of a
+    uint8 BGR ``[S,S,3]`` face. ``deadline`` is on the ``time.monotonic()`` clock: a
+    request still queued past it is dropped, never computed late.
+    """
+
+    model_id: str
+    visual: np.ndarray
+    audio: np.ndarray
+    deadline: float
+    future: asyncio.Future[np.ndarray]
+    loop: asyncio.AbstractEventLoop
+    session_id: str | None = None
+    raw: bool = False
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def resolve(self, value: np.ndarray) -> None:
+        """Complete the future with ``value`` (thread-safe; ignored if already done)."""
+        self._complete(value, None)
+
+    def fail(self, error: BaseException) -> None:
+        """Complete the future with ``error`` (thread-safe; ignored if already done)."""
+        self._complete(None, error)
+
+    def _complete(self, value: np.ndarray | None, error: BaseException | None) -> None:
+        def deliver() -> None:
+            if self.future.done():  # cancelled by its owner meanwhile
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                assert value is not None
+                self.future.set_result(value)
+
+        try:
+            self.loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+class ModelRunner(Protocol):
+    """What a device worker needs from a loaded model."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    def run_batch(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
+        """Run ``requests`` (same model, ``len <= max_batch_size``) as one batch.
+
+        Returns one output per request, in order: float32 ``[3,S,S]`` for raw requests,
+        uint8 BGR ``[S,S,3]`` otherwise. Called from worker threads, concurrently.
+        """
+        ...
