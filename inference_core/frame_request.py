@@ -9,6 +9,7 @@ thread through ``loop.call_soon_threadsafe``: its future gets the output array o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,10 +56,9 @@ class FrameRequest:
                 assert value is not None
                 self.future.set_result(value)
 
-        try:
+        # A closed loop raises RuntimeError: nobody is waiting for the result any more.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
 
 
 class ModelRunner(Protocol):
