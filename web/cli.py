@@ -1,5 +1,6 @@
 """The ``lipstream`` command line.
 
+    lipstream serve [--host H] [--port P]
     lipstream render --avatar demo --audio speech.wav --out out.mp4
     lipstream avatar validate DIR
     lipstream avatar list | lipstream avatar demo
@@ -21,13 +22,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from compositor.exceptions import CompositorError
-from config.loader import ConfigError, dump_settings, load_settings
+from config.loader import ConfigError, apply_cli_overrides, dump_settings, load_settings
 from config.settings import Settings
 from inference_core.avatar import AvatarLocator
 from inference_core.benchmark_model import build_benchmark_unet, estimate_macs
 from inference_core.exceptions import InferenceError
 from inference_core.validation import validate_package
 from streaming.offline_render import RenderOptions, render_file
+from web.app import serve
 from web.log_format import configure_logging
 
 logger = logging.getLogger("lipstream")
@@ -43,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
         "--config", type=Path, help="YAML settings file (default: $LIPSTREAM_CONFIG or built-in)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server (built-in demo avatar by default)")
+    serve.add_argument("--host", help="listen address (default: server.host)")
+    serve.add_argument("--port", type=int, help="listen port (default: server.port)")
 
     render = sub.add_parser("render", help="render an audio file to a lip-synced mp4")
     render.add_argument("--avatar", default="demo", help="avatar id (default: demo)")
@@ -76,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = load_settings(args.config)
+        if args.command == "serve":
+            settings = apply_cli_overrides(settings, host=args.host, port=args.port)
     except ConfigError as exc:
         print(f"lipstream: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "serve":
+        serve(settings)
+        return 0
     if args.command == "render":
         return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
     if args.command == "avatar":

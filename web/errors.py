@@ -1,0 +1,101 @@
+"""Every error leaves as JSON: ``{"error": {"code": ..., "message": ...}}`` with the right status.
+
+Library errors (``InferenceError``, ``CompositorError``) map to statuses here, in one
+place; handlers just raise. Anything unexpected is logged with its traceback and answered
+500 without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from compositor.exceptions import CompositorError
+from inference_core.exceptions import (
+    AudioError,
+    AvatarInvalidError,
+    AvatarNotFoundError,
+    CapacityError,
+    DeadlineExceededError,
+    InferenceError,
+    InvalidAvatarIdError,
+    ModelInputError,
+    ModelInUseError,
+    ModelLoadError,
+    ModelOutOfMemoryError,
+    QueueFullError,
+    ShuttingDownError,
+)
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# (exception type, HTTP status, error code, Retry-After seconds or None); first match wins.
+_MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
+    (InvalidAvatarIdError, 400, "invalid_model_id", None),
+    (AvatarNotFoundError, 404, "model_not_found", None),
+    (AvatarInvalidError, 500, "model_invalid", None),
+    (ModelOutOfMemoryError, 503, "out_of_memory", 5),
+    (ModelLoadError, 500, "model_load_failed", None),
+    (ModelInputError, 400, "bad_input", None),
+    (AudioError, 400, "bad_audio", None),
+    (CapacityError, 503, "no_capacity", 5),
+    (ModelInUseError, 409, "model_in_use", None),
+    (QueueFullError, 503, "queue_full", 1),
+    (DeadlineExceededError, 504, "deadline_exceeded", None),
+    (ShuttingDownError, 503, "shutting_down", 5),
+    (InferenceError, 500, "inference_failed", None),
+    (CompositorError, 500, "compositing_failed", None),
+)
+
+
+def json_error(
+    status: int, code: str, message: str, *, retry_after: int | None = None
+) -> web.Response:
+    """A JSON error response."""
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response(
+        {"error": {"code": code, "message": message}}, status=status, headers=headers
+    )
+
+
+class RequestError(Exception):
+    """Raised by handlers for a bad request: becomes a JSON 4xx response."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def response_for(exc: Exception) -> web.Response:
+    """The JSON response for a library error (500 for anything not mapped)."""
+    if isinstance(exc, RequestError):
+        return json_error(exc.status, exc.code, str(exc))
+    for kind, status, code, retry_after in _MAPPING:
+        if isinstance(exc, kind):
+            return json_error(status, code, str(exc), retry_after=retry_after)
+    return json_error(500, "internal_error", "internal server error; see the server log")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn raised errors (ours and aiohttp's HTTP errors) into JSON error bodies."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        return json_error(exc.status, code, exc.text or exc.reason)
+    except (RequestError, InferenceError, CompositorError) as exc:
+        response = response_for(exc)
+        if response.status >= 500:
+            logger.warning("%s %s failed: %s", request.method, request.path, exc)
+        return response
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return json_error(500, "internal_error", "internal server error; see the server log")
