@@ -1,0 +1,407 @@
+"""One device's scheduler: a bounded queue and worker threads that batch frames per model.
+
+Frames from every session of a model wait together, so a worker can run them as one
+batch (cross-session dynamic batching). With hundreds of models per device batches are
+small, so the batching window is short (``max_wait_ms``, a few ms) and frames whose
+deadline passed are dropped, never run late (DESIGN.md §6).
+
+How a worker picks its next batch:
+
+1. Frames already past their deadline are failed with :class:`DeadlineExceededError`.
+2. A model is *ready* when it has a full batch, its oldest frame has waited
+   ``max_wait_ms``, or waiting longer would make its earliest frame miss its deadline
+   (given how long the model's batches have recently taken).
+3. Of the ready models, the one with the earliest deadline goes first, so a session that
+   falls behind is served first; its frames are taken in deadline order.
+4. When no model is ready, the worker sleeps on the condition until the first one
+   becomes ready or a new frame arrives.
+
+A worker never idles in a batching window while another model's batch is ready: with
+many models that wait would be paid by every other session on the device.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference_core.exceptions import (
+    DeadlineExceededError,
+    InferenceError,
+    QueueFullError,
+    ShuttingDownError,
+)
+from inference_core.frame_request import FrameRequest, ModelRunner
+from inference_core.scheduler_stats import SchedulerStats, StatsRecorder
+
+logger = logging.getLogger(__name__)
+
+# (deadline, arrival sequence, enqueued at, request): a heap of these keeps a model's
+# frames in deadline order; the sequence breaks ties so requests are never compared.
+_Entry = tuple[float, int, float, FrameRequest]
+
+
+class _ModelQueue:
+    """The pending frames of one model, earliest deadline first, and the runner for them."""
+
+    __slots__ = ("heap", "oldest", "runner")
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.heap: list[_Entry] = []
+        self.oldest = math.inf  # earliest enqueue time among pending frames
+
+    def push(self, entry: _Entry) -> None:
+        heapq.heappush(self.heap, entry)
+        self.oldest = min(self.oldest, entry[2])
+
+    def pop_expired(self, now: float) -> list[_Entry]:
+        expired: list[_Entry] = []
+        while self.heap and self.heap[0][0] < now:
+            expired.append(heapq.heappop(self.heap))
+        if expired:
+            self._refresh_oldest()
+        return expired
+
+    def pop_batch(self, size: int) -> list[_Entry]:
+        batch = [heapq.heappop(self.heap) for _ in range(min(size, len(self.heap)))]
+        self._refresh_oldest()
+        return batch
+
+    def _refresh_oldest(self) -> None:
+        self.oldest = min((entry[2] for entry in self.heap), default=math.inf)
+
+
+@dataclass
+class _Job:
+    """What a worker took under the lock and handles outside it."""
+
+    runner: ModelRunner | None
+    batch: list[FrameRequest]
+    expired: list[tuple[FrameRequest, float]]  # (request, seconds late)
+
+
+class DeviceScheduler:
+    """Queues frames for one device and runs them in per-model batches on worker threads.
+
+    ``submit`` is called on the event loop and only takes a short lock. Deadlines are on
+    ``clock`` (``time.monotonic`` unless a test injects another clock).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        workers: int,
+        queue_size: int,
+        max_batch_size: int,
+        max_wait_ms: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if workers < 1 or queue_size < 1 or max_batch_size < 1:
+            raise ValueError(
+                f"device {name}: workers ({workers}), queue_size ({queue_size}) and "
+                f"max_batch_size ({max_batch_size}) must be at least 1"
+            )
+        if max_wait_ms < 0:
+            raise ValueError(f"device {name}: max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.name = name
+        self._queue_size = queue_size
+        self._max_batch_size = max_batch_size
+        self._max_wait = max_wait_ms / 1000.0
+        self._clock = clock
+        self._thread_names = [f"lipstream-{name}-w{i}" for i in range(workers)]
+        # One condition guards every field below; workers wait on it for frames.
+        self._cond = threading.Condition()
+        self._queues: dict[str, _ModelQueue] = {}
+        self._pending = 0
+        self._in_flight = 0
+        self._sequence = itertools.count()
+        self._stats = StatsRecorder(list(self._thread_names))
+        self._threads: list[threading.Thread] = []
+        self._started_at: float | None = None
+        self._stopping = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker threads (``lipstream-<name>-w<i>``); :meth:`stop` joins them."""
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDownError(f"device {self.name} is shut down; cannot start it again")
+            if self._threads:
+                raise RuntimeError(f"device {self.name} scheduler is already started")
+            self._started_at = self._clock()
+            # Daemon threads: a run_batch stuck in native code must not keep the process
+            # alive after stop() gave up on it (stop logs which thread that was).
+            self._threads = [
+                threading.Thread(target=self._work, args=(i,), name=thread_name, daemon=True)
+                for i, thread_name in enumerate(self._thread_names)
+            ]
+        for thread in self._threads:
+            thread.start()
+        logger.info(
+            "device %s scheduler started: workers=%d queue_size=%d max_batch_size=%d "
+            "max_wait_ms=%.1f",
+            self.name,
+            len(self._threads),
+            self._queue_size,
+            self._max_batch_size,
+            self._max_wait * 1000,
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting frames, let running batches finish, fail the rest, join workers.
+
+        Synchronous (run it in an executor from async code) and idempotent. Frames still
+        pending fail with :class:`ShuttingDownError`; batches already running deliver
+        their results. Workers that do not exit within ``timeout`` seconds are logged.
+        """
+        with self._cond:
+            leftovers: list[FrameRequest] = []
+            if not self._stopping:
+                self._stopping = True
+                leftovers = [entry[3] for q in self._queues.values() for entry in q.heap]
+                self._queues.clear()
+                self._pending = 0
+                self._stats.shut_down += len(leftovers)
+            self._cond.notify_all()
+        if leftovers:
+            logger.info("device %s stopping: %d pending frames not run", self.name, len(leftovers))
+        for request in leftovers:
+            request.fail(ShuttingDownError(f"device {self.name} is shutting down; frame not run"))
+        until = time.monotonic() + timeout
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(max(0.0, until - time.monotonic()))
+        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        if stuck:
+            logger.error(
+                "device %s: worker threads %s did not exit within %.1f s (stuck in run_batch?)",
+                self.name,
+                ", ".join(stuck),
+                timeout,
+            )
+
+    # -- the event-loop side ----------------------------------------------------------------
+
+    def submit(self, request: FrameRequest, runner: ModelRunner) -> None:
+        """Queue ``request`` to run on ``runner``; its future completes from a worker.
+
+        Raises :class:`ShuttingDownError` once :meth:`stop` began and
+        :class:`QueueFullError` when ``queue_size`` frames are already pending. A request
+        whose deadline already passed is not queued: its future fails at once with
+        :class:`DeadlineExceededError`.
+        """
+        model_id = runner.model_id
+        if request.model_id != model_id:
+            raise ValueError(
+                f"frame for model {request.model_id!r} submitted with the runner of {model_id!r}"
+            )
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDownError(f"device {self.name} is shutting down; frame not accepted")
+            now = self._clock()
+            late = now - request.deadline
+            if late > 0:
+                self._stats.submitted += 1
+                self._stats.record_expired(model_id, 1)
+            else:
+                if self._pending >= self._queue_size:
+                    self._stats.rejected += 1
+                    raise QueueFullError(
+                        f"device {self.name} queue is full ({self._pending} frames waiting); "
+                        "try again later"
+                    )
+                queue = self._queues.get(model_id)
+                if queue is None:
+                    queue = self._queues[model_id] = _ModelQueue(runner)
+                else:
+                    queue.runner = runner  # a reloaded model's newest runner serves its frames
+                queue.push((request.deadline, next(self._sequence), now, request))
+                self._pending += 1
+                self._stats.submitted += 1
+                # One waiter is enough: whoever takes a batch wakes the next if work is left.
+                self._cond.notify()
+                return
+        request.fail(_expired_error(model_id, late))
+
+    def drop_model(self, model_id: str, error: InferenceError | None = None) -> int:
+        """Fail and remove every pending frame of ``model_id``; return how many.
+
+        Used when a model is unloaded. A batch of it that is already running finishes (the
+        worker holds the runner until then). Frames fail with ``error`` if given.
+        """
+        with self._cond:
+            queue = self._queues.pop(model_id, None)
+            if queue is None:
+                return 0
+            requests = [entry[3] for entry in queue.heap]
+            self._pending -= len(requests)
+            self._stats.dropped += len(requests)
+        for request in requests:
+            request.fail(
+                error
+                or InferenceError(
+                    f"model {model_id} was unloaded from device {self.name}; frame not run"
+                )
+            )
+        logger.info(
+            "device %s: dropped %d pending frames of %s", self.name, len(requests), model_id
+        )
+        return len(requests)
+
+    @property
+    def queue_depth(self) -> int:
+        """Frames waiting on this device (all models), not counting running batches."""
+        with self._cond:
+            return self._pending
+
+    def pending_for(self, model_id: str) -> int:
+        """Frames of ``model_id`` waiting on this device."""
+        with self._cond:
+            queue = self._queues.get(model_id)
+            return len(queue.heap) if queue is not None else 0
+
+    def stats(self) -> SchedulerStats:
+        """A consistent snapshot of this device's counters."""
+        with self._cond:
+            now = self._clock()
+            return self._stats.snapshot(
+                self.name,
+                queue_depth=self._pending,
+                queue_size=self._queue_size,
+                in_flight=self._in_flight,
+                running_seconds=now - self._started_at if self._started_at is not None else 0.0,
+            )
+
+    # -- the worker side ----------------------------------------------------------------------
+
+    def _work(self, index: int) -> None:
+        name = self._thread_names[index]
+        logger.debug("%s started", name)
+        try:
+            while True:
+                with self._cond:
+                    job = self._next_job()
+                if job is None:
+                    return
+                for request, late in job.expired:
+                    request.fail(_expired_error(request.model_id, late))
+                if job.runner is not None and job.batch:
+                    self._run(index, job.runner, job.batch)
+        except Exception:  # a scheduler bug: say so loudly; the other workers carry on
+            logger.exception("%s stopped by an unexpected error", name)
+        finally:
+            logger.debug("%s exited", name)
+
+    def _next_job(self) -> _Job | None:
+        """Wait for a ready batch (or expired frames to fail); ``None`` once stopping.
+
+        Called with the lock held.
+        """
+        while not self._stopping:
+            now = self._clock()
+            expired: list[tuple[FrameRequest, float]] = []
+            best: _ModelQueue | None = None
+            best_id = ""
+            wake_at = math.inf
+            # A linear scan: only models with pending frames are in the dict, and frames
+            # leave within milliseconds, so it stays short even with 1,000+ models loaded.
+            for model_id, queue in list(self._queues.items()):
+                for entry in queue.pop_expired(now):
+                    expired.append((entry[3], now - entry[0]))
+                if not queue.heap:
+                    del self._queues[model_id]
+                    continue
+                earliest = queue.heap[0][0]
+                ready_at = min(
+                    queue.oldest + self._max_wait,
+                    earliest - self._stats.run_estimate(model_id),
+                )
+                full = len(queue.heap) >= self._limit(queue.runner)
+                if full or ready_at <= now:
+                    if best is None or earliest < best.heap[0][0]:
+                        best, best_id = queue, model_id
+                else:
+                    wake_at = min(wake_at, ready_at)
+            if expired:
+                self._pending -= len(expired)
+                for request, _ in expired:
+                    self._stats.record_expired(request.model_id, 1)
+            if best is None:
+                if expired:  # fail them now, outside the lock, then look again
+                    return _Job(None, [], expired)
+                self._cond.wait(None if wake_at == math.inf else wake_at - now)
+                continue
+            runner = best.runner
+            batch = [entry[3] for entry in best.pop_batch(self._limit(runner))]
+            if not best.heap:
+                del self._queues[best_id]
+            self._pending -= len(batch)
+            self._in_flight += len(batch)
+            if self._queues:
+                self._cond.notify()  # more work may be ready for another worker
+            return _Job(runner, batch, expired)
+        return None
+
+    def _limit(self, runner: ModelRunner) -> int:
+        return max(1, min(self._max_batch_size, runner.max_batch_size))
+
+    def _run(self, index: int, runner: ModelRunner, batch: list[FrameRequest]) -> None:
+        """Run one batch outside the lock; count it before its futures complete."""
+        model_id = runner.model_id
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "%s runs %d frames of %s (sessions %s)",
+                self._thread_names[index],
+                len(batch),
+                model_id,
+                sorted({str(r.session_id) for r in batch}),
+            )
+        outputs: list[np.ndarray] = []
+        error: InferenceError | None = None
+        started = self._clock()
+        try:
+            outputs = runner.run_batch(batch)
+            if len(outputs) != len(batch):
+                raise InferenceError(
+                    f"runner for model {model_id} returned {len(outputs)} outputs "
+                    f"for {len(batch)} frames"
+                )
+        except InferenceError as exc:
+            error = exc
+            logger.exception(
+                "device %s: batch of %d for %s failed", self.name, len(batch), model_id
+            )
+        except Exception as exc:  # a runner bug must cost one batch, never the worker
+            error = InferenceError(f"inference failed on {self.name} for model {model_id}: {exc}")
+            error.__cause__ = exc
+            logger.exception(
+                "device %s: batch of %d for %s failed", self.name, len(batch), model_id
+            )
+        busy = self._clock() - started
+        with self._cond:
+            self._in_flight -= len(batch)
+            self._stats.record_batch(index, model_id, len(batch), busy, ok=error is None)
+        if error is not None:
+            for request in batch:
+                request.fail(error)
+        else:
+            for request, output in zip(batch, outputs, strict=True):
+                request.resolve(output)
+
+
+def _expired_error(model_id: str, late_seconds: float) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"frame for model {model_id} missed its deadline by {late_seconds * 1000:.0f} ms; dropped"
+    )
