@@ -1,0 +1,168 @@
+"""Device detection, session configuration, memory probing and device placement."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+from config.settings import DevicesSettings
+from inference_core.devices import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    Device,
+    SystemMemoryProbe,
+    detect_devices,
+    session_config,
+)
+from inference_core.exceptions import InferenceError
+from inference_core.placement import DeviceLoad, choose_device
+
+CPU_ONLY = [CPU_PROVIDER]
+WITH_CUDA = ["TensorrtExecutionProvider", CUDA_PROVIDER, CPU_PROVIDER]
+MIB = 1024 * 1024
+
+
+def _settings(**values: object) -> DevicesSettings:
+    return DevicesSettings.model_validate(values)
+
+
+def test_device_names_follow_kind() -> None:
+    assert Device(2).name == "cpu:2"
+    assert Device(0, "cuda", ordinal=3).name == "cuda:3"
+    assert Device(1, "cpu", name="custom").name == "custom"
+    with pytest.raises(ValueError, match=">= 0"):
+        Device(-1)
+
+
+def test_auto_picks_cpu_without_the_cuda_provider() -> None:
+    devices = detect_devices(_settings(), available_providers=CPU_ONLY, gpu_count=4)
+    assert devices == [Device(0, "cpu", 0, "cpu:0")]
+
+
+def test_auto_picks_cuda_when_provider_and_gpus_exist() -> None:
+    devices = detect_devices(_settings(), available_providers=WITH_CUDA, gpu_count=2)
+    assert [(d.index, d.kind, d.ordinal, d.name) for d in devices] == [
+        (0, "cuda", 0, "cuda:0"),
+        (1, "cuda", 1, "cuda:1"),
+    ]
+
+
+def test_auto_falls_back_to_cpu_when_no_gpu_is_visible() -> None:
+    assert detect_devices(_settings(), available_providers=WITH_CUDA, gpu_count=0) == [Device(0)]
+    # CUDA_VISIBLE_DEVICES=-1 hides every GPU whatever NVML or nvidia-smi would count
+    hidden = detect_devices(
+        _settings(), available_providers=WITH_CUDA, environ={"CUDA_VISIBLE_DEVICES": "-1"}
+    )
+    assert [d.kind for d in hidden] == ["cpu"]
+
+
+def test_forced_cuda_without_provider_explains_the_fix() -> None:
+    with pytest.raises(InferenceError) as caught:
+        detect_devices(_settings(kind="cuda"), available_providers=CPU_ONLY, gpu_count=1)
+    message = str(caught.value)
+    assert "devices.kind is cuda" in message
+    assert CPU_PROVIDER in message  # what was found
+    assert "onnxruntime-gpu" in message
+    assert "devices.kind: cpu" in message
+
+
+def test_forced_cuda_with_provider_but_no_gpu_fails() -> None:
+    with pytest.raises(InferenceError, match="no GPU is visible"):
+        detect_devices(_settings(kind="cuda"), available_providers=WITH_CUDA, gpu_count=0)
+
+
+def test_count_handling() -> None:
+    cpu3 = detect_devices(_settings(kind="cpu", count=3), available_providers=WITH_CUDA)
+    assert [d.name for d in cpu3] == ["cpu:0", "cpu:1", "cpu:2"]
+    assert [d.index for d in cpu3] == [0, 1, 2]
+    one_of_two = detect_devices(_settings(count=1), available_providers=WITH_CUDA, gpu_count=2)
+    assert [d.name for d in one_of_two] == ["cuda:0"]
+    all_four = detect_devices(_settings(kind="cuda"), available_providers=WITH_CUDA, gpu_count=4)
+    assert len(all_four) == 4
+    with pytest.raises(InferenceError, match="only 2 GPU"):
+        detect_devices(_settings(count=3), available_providers=WITH_CUDA, gpu_count=2)
+
+
+def test_session_config_for_cuda() -> None:
+    providers, options = session_config(Device(1, "cuda", ordinal=1), _settings())
+    assert providers == [
+        (
+            CUDA_PROVIDER,
+            {
+                "device_id": "1",
+                "arena_extend_strategy": "kSameAsRequested",
+                "cudnn_conv_algo_search": "HEURISTIC",
+            },
+        ),
+        CPU_PROVIDER,
+    ]
+    entry = "session.use_device_allocator_for_initializers"
+    assert options.get_session_config_entry(entry) == "1"
+
+
+def test_session_config_for_cpu() -> None:
+    providers, options = session_config(Device(0), _settings(cpu_threads_per_session=3))
+    assert providers == [CPU_PROVIDER]
+    assert options.intra_op_num_threads == 3
+    _, default = session_config(Device(0), _settings())
+    assert default.intra_op_num_threads == 0  # onnxruntime's choice
+
+
+def test_cpu_memory_probe_sees_allocations() -> None:
+    probe = SystemMemoryProbe(_settings())
+    # A fresh anonymous mapping, every page written: the heap may hold freed memory that
+    # a numpy allocation would reuse without growing the RSS.
+    with mmap.mmap(-1, 64 * MIB) as block:
+        before = probe.used_bytes(Device(0))
+        pages = np.frombuffer(block, dtype=np.uint8)
+        pages[:] = 1
+        after = probe.used_bytes(Device(0))
+        del pages
+    assert after - before >= 60 * MIB
+    total = probe.total_bytes(Device(0))
+    assert total is not None
+    assert total > after
+    assert SystemMemoryProbe(_settings(max_memory_per_device="1GiB")).total_bytes(Device(1)) == (
+        1024 * MIB
+    )
+    probe.close()
+
+
+def _load(index: int, *, models: int = 0, used: int = 0, queue: int = 0) -> DeviceLoad:
+    return DeviceLoad(index, models, used, max_bytes=1000, max_models=4, queue_depth=queue)
+
+
+def test_round_robin_cycles() -> None:
+    loads = [_load(0), _load(1, models=3), _load(2)]
+    picks = [choose_device("round-robin", loads, preferred=None, rr_counter=n) for n in range(5)]
+    assert picks == [0, 1, 2, 0, 1]
+
+
+def test_least_loaded_prefers_free_memory_then_queue_then_fewer_models() -> None:
+    def pick(loads: list[DeviceLoad]) -> int:
+        return choose_device("least-loaded", loads, preferred=None, rr_counter=0)
+
+    # most free memory wins even against a longer queue
+    assert pick([_load(0, used=500), _load(1, used=100, queue=9)]) == 1
+    # equal memory: the shorter queue wins
+    assert pick([_load(0, used=100, queue=3), _load(1, used=100, queue=1)]) == 1
+    # equal memory and queue: fewer models wins
+    assert pick([_load(0, models=2, used=100), _load(1, models=1, used=100)]) == 1
+    # a device that would need an eviction comes last
+    assert pick([_load(0, models=4), _load(1, models=1, used=900)]) == 1
+    # no byte limit: less used memory counts as more free
+    unlimited = [
+        DeviceLoad(0, 1, 300, None, 4),
+        DeviceLoad(1, 1, 200, None, 4),
+    ]
+    assert pick(unlimited) == 1
+
+
+def test_preferred_device_wins_if_it_exists() -> None:
+    loads = [_load(0), _load(1, used=999, queue=50)]
+    assert choose_device("least-loaded", loads, preferred=1, rr_counter=0) == 1
+    assert choose_device("round-robin", loads, preferred=1, rr_counter=0) == 1
+    # a preferred device that does not exist is ignored
+    assert choose_device("least-loaded", loads, preferred=7, rr_counter=0) == 0
