@@ -291,7 +291,11 @@ class SystemMemoryProbe:
             if self._nvml is None:
                 return None
             if device.ordinal not in self._handles:
-                self._handles[device.ordinal] = self._nvml_handle(device.ordinal)
+                try:
+                    self._handles[device.ordinal] = self._nvml_handle(device.ordinal)
+                except Exception as exc:  # NVMLError: measuring must never fail a load
+                    logger.warning("NVML has no handle for %s: %s", device.name, exc)
+                    self._handles[device.ordinal] = None
             return self._handles[device.ordinal]
 
     def _nvml_handle(self, ordinal: int) -> Any:

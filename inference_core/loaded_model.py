@@ -13,8 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from inference_core.adapter import LipSyncAdapter
 from inference_core.avatar import AvatarPackage
@@ -102,6 +104,42 @@ class LoadedModel:
         else:
             self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
 
+    @classmethod
+    def open(
+        cls,
+        package: AvatarPackage,
+        device: Device,
+        session_factory: Callable[[Path, Device], ort.InferenceSession],
+        *,
+        max_batch_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LoadedModel:
+        """Open ``package``'s lip-sync model on ``device``, bind it and warm it up.
+
+        Warms batch sizes 1 and ``max_batch_size`` (what the scheduler will send).
+        Raises :class:`ModelOutOfMemoryError` when the device ran out of memory (also
+        when onnxruntime's error text says so), else :class:`ModelLoadError`.
+        """
+        path = package.lipsync_path
+        what = f"model {package.avatar_id!r} ({path.name}) on {device.name}"
+        try:
+            session = session_factory(path, device)
+            adapter = LipSyncAdapter(
+                session, package.manifest.adapter, max_batch_size=max_batch_size
+            )
+            model = cls(package.avatar_id, device, package, adapter, clock=clock)
+            model.warm_up({1, model.max_batch_size})
+        except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail subclasses
+            if is_out_of_memory(exc):
+                raise ModelOutOfMemoryError(
+                    f"{what} ran out of device memory while loading: {exc}; free memory, lower "
+                    "batching.max_batch_size or devices.max_models_per_device, or add devices"
+                ) from exc
+            if isinstance(exc, ModelLoadError):
+                raise ModelLoadError(f"{what}: {exc}") from exc
+            raise ModelLoadError(f"{what} failed to load or warm up: {exc}") from exc
+        return model
+
     @property
     def model_id(self) -> str:
         return self._model_id
@@ -114,6 +152,11 @@ class LoadedModel:
     @property
     def spec(self) -> AdapterSpec:
         return self._spec
+
+    @property
+    def adapter(self) -> LipSyncAdapter | None:
+        """The adapter and its session; None once closed."""
+        return self._adapter
 
     @property
     def closed(self) -> bool:
@@ -262,23 +305,31 @@ class LoadedModel:
         adapter = self._require_adapter()
         if self.device.kind != "cuda":
             return adapter.run_raw(visual, audio)
-        return self._run_cuda(adapter, visual, audio)
+        return run_bound(adapter, visual, audio, device_type="cuda", device_id=self.device.ordinal)
 
-    def _run_cuda(
-        self, adapter: LipSyncAdapter, visual: np.ndarray, audio: np.ndarray
-    ) -> np.ndarray:
-        # IOBinding: inputs copied host→device once, the output allocated on the device by
-        # onnxruntime and copied back once, instead of run()'s extra staging copies.
-        binding, session = adapter.binding, adapter.session
-        step = self._max_batch_size
-        chunks = []
-        for start in range(0, visual.shape[0], step):
-            io = session.io_binding()
-            io.bind_cpu_input(
-                binding.visual_name, np.ascontiguousarray(visual[start : start + step])
-            )
-            io.bind_cpu_input(binding.audio_name, np.ascontiguousarray(audio[start : start + step]))
-            io.bind_output(binding.output_name, "cuda", self.device.ordinal)
-            session.run_with_iobinding(io)
-            chunks.append(np.asarray(io.copy_outputs_to_cpu()[0], dtype=np.float32))
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0)
+
+def run_bound(
+    adapter: LipSyncAdapter,
+    visual: np.ndarray,
+    audio: np.ndarray,
+    *,
+    device_type: str,
+    device_id: int,
+) -> np.ndarray:
+    """Run float32 inputs through ``adapter``'s session with IOBinding; float32 ``[B,3,S,S]``.
+
+    Inputs are bound from host memory (copied to the device once), the output is
+    allocated on ``device_type``/``device_id`` by onnxruntime and copied back once,
+    instead of ``run()``'s extra staging copies. Chunked to the adapter's batch size.
+    """
+    binding, session = adapter.binding, adapter.session
+    step = adapter.max_batch_size
+    chunks = []
+    for start in range(0, visual.shape[0], step):
+        io = session.io_binding()
+        io.bind_cpu_input(binding.visual_name, np.ascontiguousarray(visual[start : start + step]))
+        io.bind_cpu_input(binding.audio_name, np.ascontiguousarray(audio[start : start + step]))
+        io.bind_output(binding.output_name, device_type, device_id)
+        session.run_with_iobinding(io)
+        chunks.append(np.asarray(io.copy_outputs_to_cpu()[0], dtype=np.float32))
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0)

@@ -71,11 +71,16 @@ def choose_device(
         return preferred
     if strategy == "round-robin":
         return devices_state[rr_counter % len(devices_state)].index
-    best = min(
+    return least_loaded_order(devices_state)[0]
+
+
+def least_loaded_order(devices_state: Sequence[DeviceLoad]) -> list[int]:
+    """Device indexes, least loaded first (the order least-loaded placement uses)."""
+    ranked = sorted(
         devices_state,
         key=lambda d: (d.full, -d.free_bytes, d.queue_depth, d.models, d.index),
     )
-    return best.index
+    return [d.index for d in ranked]
 
 
 def choose_victims(

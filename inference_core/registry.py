@@ -32,7 +32,7 @@ from typing import Literal, TypeVar
 import onnxruntime as ort
 
 from config.settings import Settings
-from inference_core.adapter import LipSyncAdapter, open_session
+from inference_core.adapter import open_session
 from inference_core.avatar import AvatarLocator, AvatarPackage, check_avatar_id
 from inference_core.devices import Device, MemoryProbe, SystemMemoryProbe, session_config
 from inference_core.exceptions import (
@@ -45,8 +45,14 @@ from inference_core.exceptions import (
     ModelOutOfMemoryError,
     ShuttingDownError,
 )
-from inference_core.loaded_model import LoadedModel, is_out_of_memory
-from inference_core.placement import DeviceLoad, VictimInfo, choose_device, choose_victims
+from inference_core.loaded_model import LoadedModel
+from inference_core.placement import (
+    DeviceLoad,
+    VictimInfo,
+    choose_device,
+    choose_victims,
+    least_loaded_order,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +322,7 @@ class ModelRegistry:
         finally:
             entry.load_task = None
         if self._closed:  # closed while loading: nobody will release this session
-            await self._run_on(model.device, model.close)
+            model.close()
             entry.state = "registered"
             raise ShuttingDownError(f"the model registry closed while {model_id!r} was loading")
         entry.model, entry.state, entry.last_error = model, "loaded", None
@@ -378,11 +384,7 @@ class ModelRegistry:
         return index
 
     def _fallbacks(self, first: int) -> list[int]:
-        loads = sorted(
-            (d for d in self._device_loads() if d.index != first),
-            key=lambda d: (d.full, -d.free_bytes, d.queue_depth, d.models, d.index),
-        )
-        return [d.index for d in loads]
+        return [i for i in least_loaded_order(self._device_loads()) if i != first]
 
     def _device_loads(self) -> list[DeviceLoad]:
         limits = self._settings.devices
@@ -475,7 +477,13 @@ class ModelRegistry:
         with measure_lock:
             before = self._probe.used_bytes(device)
             started = time.perf_counter()
-            model = self._open_and_warm(device, package)
+            model = LoadedModel.open(
+                package,
+                device,
+                self._session_factory,
+                max_batch_size=self._settings.batching.max_batch_size,
+                clock=self._clock,
+            )
             load_seconds = time.perf_counter() - started
             after = self._probe.used_bytes(device)
         # The file size is a floor: RSS/NVML deltas can read low when freed memory is reused.
@@ -489,30 +497,6 @@ class ModelRegistry:
             load_seconds * 1000,
             model.max_batch_size,
         )
-        return model
-
-    def _open_and_warm(self, device: Device, package: AvatarPackage) -> LoadedModel:
-        path = package.lipsync_path
-        spec = package.manifest.adapter
-        try:
-            session = self._session_factory(path, device)
-            adapter = LipSyncAdapter(
-                session, spec, max_batch_size=self._settings.batching.max_batch_size
-            )
-            model = LoadedModel(package.avatar_id, device, package, adapter, clock=self._clock)
-            model.warm_up({1, model.max_batch_size})
-        except ModelOutOfMemoryError:
-            raise
-        except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail subclasses
-            what = f"model {package.avatar_id!r} ({path.name}) on {device.name}"
-            if is_out_of_memory(exc):
-                raise ModelOutOfMemoryError(
-                    f"{what} ran out of device memory while loading: {exc}; free memory, lower "
-                    "batching.max_batch_size or devices.max_models_per_device, or add devices"
-                ) from exc
-            if isinstance(exc, ModelLoadError):
-                raise ModelLoadError(f"{what}: {exc}") from exc
-            raise ModelLoadError(f"{what} failed to load or warm up: {exc}") from exc
         return model
 
     def _open_session(self, path: Path, device: Device) -> ort.InferenceSession:

@@ -17,7 +17,7 @@ from inference_core.devices import (
     session_config,
 )
 from inference_core.exceptions import InferenceError
-from inference_core.placement import DeviceLoad, choose_device
+from inference_core.placement import DeviceLoad, choose_device, least_loaded_order
 
 CPU_ONLY = [CPU_PROVIDER]
 WITH_CUDA = ["TensorrtExecutionProvider", CUDA_PROVIDER, CPU_PROVIDER]
@@ -158,6 +158,8 @@ def test_least_loaded_prefers_free_memory_then_queue_then_fewer_models() -> None
         DeviceLoad(1, 1, 200, None, 4),
     ]
     assert pick(unlimited) == 1
+    # the order the registry falls back along when its first choice is full of held models
+    assert least_loaded_order([_load(0, models=4), _load(1, used=500), _load(2)]) == [2, 1, 0]
 
 
 def test_preferred_device_wins_if_it_exists() -> None:

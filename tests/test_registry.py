@@ -8,6 +8,7 @@ import json
 import shutil
 import threading
 import tracemalloc
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +32,8 @@ from inference_core.exceptions import (
     ShuttingDownError,
 )
 from inference_core.frame_request import FrameRequest
+from inference_core.loaded_model import run_bound
+from inference_core.manifest import AdapterSpec
 from inference_core.placement import VictimInfo, choose_victims
 from inference_core.registry import ModelRegistry
 from tests.packages import make_package
@@ -583,15 +586,30 @@ async def test_run_batch_matches_the_adapter(make_registry: MakeRegistry) -> Non
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_iobinding_path_matches_plain_run(template: Path) -> None:
+    # The CUDA path's IOBinding code, run here with host-bound outputs.
+    adapter = LipSyncAdapter(
+        open_session(template / "lipsync.onnx"), AdapterSpec(), max_batch_size=2
+    )
+    rng = np.random.default_rng(3)
+    visual = rng.random((5, *VISUAL), dtype=np.float32)  # 5: chunks of 2, 2 and 1
+    audio = rng.normal(0, 1, (5, *AUDIO)).astype(np.float32)
+    bound = run_bound(adapter, visual, audio, device_type="cpu", device_id=0)
+    np.testing.assert_allclose(bound, adapter.run_raw(visual, audio), atol=1e-6)
+
+
 async def test_unload(make_registry: MakeRegistry) -> None:
     registry = make_registry()
     held = await registry.acquire("a")
     with pytest.raises(ModelInUseError, match="held by 1 session"):
         await registry.unload("a")
     registry.release(held)
+    assert held.adapter is not None
+    session = weakref.ref(held.adapter.session)
     await registry.unload("a")
     assert registry.entry("a").state == "registered"
     assert held.closed
+    assert session() is None  # destroyed at once: its memory is returned now, not at a GC
     await registry.unload("a")  # not loaded: nothing to do
     with pytest.raises(AvatarNotFoundError):
         await registry.unload("nobody")
