@@ -194,13 +194,24 @@ class LipSyncAdapter:
         out = np.empty((n, self.spec.input_size, self.spec.input_size, 3), dtype=np.uint8)
         for start in range(0, n, self.max_batch_size):
             stop = min(n, start + self.max_batch_size)
-            x = visual[start:stop].astype(np.float32)
-            x *= self._in_scale
-            if self._in_offset:
-                x += self._in_offset
-            y = self._run_float(x, audio[start:stop])
-            out[start:stop] = self._to_uint8(y)
+            y = self._run_float(self.scale_visual(visual[start:stop]), audio[start:stop])
+            out[start:stop] = self.to_uint8(y)
         return out
+
+    def scale_visual(self, visual: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """uint8 visual input(s) → float32 as the model expects (``pixel_scale``)."""
+        out = np.multiply(visual, np.float32(self._in_scale), out=out, dtype=np.float32)
+        if self._in_offset:
+            out += np.float32(self._in_offset)
+        return out
+
+    def to_uint8(self, y: np.ndarray) -> np.ndarray:
+        """Model outputs ``[B,3,S,S]`` → uint8 BGR faces ``[B,S,S,3]`` (``output_scale``)."""
+        y = (y + 1.0) * 127.5 if self.spec.output_scale == "minus_one_one" else y * 255.0
+        img = np.clip(y + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+        if self.spec.color_order == "rgb":
+            img = img[:, :, :, ::-1]
+        return np.ascontiguousarray(img)
 
     def run_raw(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
         """Run already-scaled float32 inputs and return the raw float32 outputs ``[B,3,S,S]``."""
@@ -231,13 +242,3 @@ class LipSyncAdapter:
         feeds = {b.visual_name: visual, b.audio_name: np.ascontiguousarray(audio, np.float32)}
         result = self.session.run([b.output_name], feeds)[0]
         return np.asarray(result, dtype=np.float32)
-
-    def _to_uint8(self, y: np.ndarray) -> np.ndarray:
-        if self.spec.output_scale == "minus_one_one":
-            y = (y + 1.0) * 127.5
-        else:
-            y = y * 255.0
-        img = np.clip(y + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
-        if self.spec.color_order == "rgb":
-            img = img[:, :, :, ::-1]
-        return np.ascontiguousarray(img)

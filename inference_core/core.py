@@ -163,6 +163,7 @@ class InferenceCore:
             session_factory=session_factory,
             memory_probe=memory_probe,
             queue_depth=lambda index: self.schedulers[index].queue_depth,
+            on_unload=self._drop_queued_frames,
         )
         self._idle_task: asyncio.Task[None] | None = None
         self._started = False
@@ -170,6 +171,11 @@ class InferenceCore:
 
     def scheduler_for(self, device: Device) -> DeviceScheduler:
         return self.schedulers[device.index]
+
+    def _drop_queued_frames(self, model: LoadedModel) -> None:
+        dropped = self.scheduler_for(model.device).drop_model(model.model_id)
+        if dropped:
+            logger.info("dropped %d queued frames of unloaded model %s", dropped, model.model_id)
 
     async def start(self) -> None:
         """Register every avatar, start the workers, preload, start idle eviction."""

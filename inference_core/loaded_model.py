@@ -98,11 +98,6 @@ class LoadedModel:
         self._inference_seconds = 0.0
         self._last_used = clock()
         self._last_used_wall = self.loaded_at
-        # Input scaling as the adapter applies it (see LipSyncAdapter.run).
-        if self._spec.pixel_scale == "zero_one":
-            self._in_scale, self._in_offset = 1.0 / 255.0, 0.0
-        else:
-            self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
 
     @classmethod
     def open(
@@ -254,6 +249,7 @@ class LoadedModel:
 
     def _batch_inputs(self, requests: Sequence[FrameRequest]) -> tuple[np.ndarray, np.ndarray]:
         spec = self._spec
+        adapter = self._require_adapter()
         visual = np.empty((len(requests), *spec.visual_shape), dtype=np.float32)
         audio = np.empty((len(requests), *spec.audio_shape), dtype=np.float32)
         for i, request in enumerate(requests):
@@ -264,9 +260,7 @@ class LoadedModel:
                     f"{list(spec.visual_shape)}, got {v.dtype} {list(v.shape)}"
                 )
             if v.dtype == np.uint8:
-                np.multiply(v, np.float32(self._in_scale), out=visual[i], dtype=np.float32)
-                if self._in_offset:
-                    visual[i] += np.float32(self._in_offset)
+                adapter.scale_visual(v, out=visual[i])
             else:
                 visual[i] = v
             if request.audio.shape != spec.audio_shape:
@@ -281,7 +275,7 @@ class LoadedModel:
         self, requests: Sequence[FrameRequest], output: np.ndarray
     ) -> list[np.ndarray]:
         faces = [i for i, r in enumerate(requests) if not r.raw]
-        bgr = self._to_bgr(output[faces]) if faces else None
+        bgr = self._require_adapter().to_uint8(output[faces]) if faces else None
         results: list[np.ndarray] = []
         face_index = 0
         for i, request in enumerate(requests):
@@ -292,14 +286,6 @@ class LoadedModel:
                 results.append(bgr[face_index])
                 face_index += 1
         return results
-
-    def _to_bgr(self, y: np.ndarray) -> np.ndarray:
-        """Model output ``[B,3,S,S]`` to uint8 BGR ``[B,S,S,3]``, as LipSyncAdapter.run does."""
-        y = (y + 1.0) * 127.5 if self._spec.output_scale == "minus_one_one" else y * 255.0
-        img = np.clip(y + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
-        if self._spec.color_order == "rgb":
-            img = img[:, :, :, ::-1]
-        return np.ascontiguousarray(img)
 
     def _run_float(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
         adapter = self._require_adapter()

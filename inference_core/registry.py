@@ -128,6 +128,7 @@ class ModelRegistry:
         memory_probe: MemoryProbe | None = None,
         clock: Callable[[], float] = time.monotonic,
         queue_depth: Callable[[int], int] | None = None,
+        on_unload: Callable[[LoadedModel], None] | None = None,
     ) -> None:
         if not devices:
             raise ValueError("the registry needs at least one device")
@@ -147,6 +148,8 @@ class ModelRegistry:
         self._probe: MemoryProbe = memory_probe
         self._clock = clock
         self._queue_depth = queue_depth or (lambda index: 0)
+        # Told when a model goes away, so frames still queued for it fail cleanly.
+        self._on_unload = on_unload or (lambda model: None)
         self._entries: dict[str, ModelEntry] = {}
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lipstream-load-{d.name}")
@@ -514,6 +517,7 @@ class ModelRegistry:
         for model in models:
             entry = self._entries[model.model_id]
             entry.model, entry.state = None, "registered"
+            self._on_unload(model)
             self._evictions[reason] += 1
             stats = model.stats()
             logger.info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -49,7 +50,7 @@ async def test_round_trip_matches_the_model(
     client: TestClient[object, object], tmp_path: Path
 ) -> None:
     visual, audio, body = _body(5)  # more than max_batch_size: split into chunks
-    response = await client.post("/v1/infer/alice?batch_size=5", data=body)
+    response = await client.post("/v1/infer/alice?batch_size=5", data=io.BytesIO(body))
     assert response.status == 200, await response.text()
     assert response.headers["X-Lipstream-Device"] in {"cpu:0", "cpu:1"}
     assert float(response.headers["X-Lipstream-Inference-Ms"]) > 0
@@ -75,7 +76,7 @@ async def test_bad_requests_get_json_errors(
     client: TestClient[object, object], path: str, status: int, code: str
 ) -> None:
     _, _, body = _body(1)
-    response = await client.post(path, data=body)
+    response = await client.post(path, data=io.BytesIO(body))
     assert response.status == status
     error = (await response.json())["error"]
     assert error["code"] == code
@@ -84,21 +85,21 @@ async def test_bad_requests_get_json_errors(
 
 async def test_wrong_body_sizes_are_rejected(client: TestClient[object, object]) -> None:
     _, _, body = _body(2)
-    short = await client.post("/v1/infer/alice?batch_size=2", data=body[:-4])
+    short = await client.post("/v1/infer/alice?batch_size=2", data=io.BytesIO(body[:-4]))
     assert short.status == 400
     assert "must be exactly" in (await short.json())["error"]["message"]
-    long = await client.post("/v1/infer/alice?batch_size=1", data=body)
+    long = await client.post("/v1/infer/alice?batch_size=1", data=io.BytesIO(body))
     assert long.status == 413
     assert (await long.json())["error"]["code"] == "bad_body_size"
     visual, audio, _ = _body(1)
     visual[0, 0, 0, 0] = np.nan
     nan = await client.post(
-        "/v1/infer/alice?batch_size=1", data=visual.tobytes() + audio.tobytes()
+        "/v1/infer/alice?batch_size=1", data=io.BytesIO(visual.tobytes() + audio.tobytes())
     )
     assert nan.status == 400
     # the server keeps serving after bad requests
     _, _, good = _body(1)
-    assert (await client.post("/v1/infer/alice?batch_size=1", data=good)).status == 200
+    assert (await client.post("/v1/infer/alice?batch_size=1", data=io.BytesIO(good))).status == 200
 
 
 async def test_unknown_route_is_json_404(client: TestClient[object, object]) -> None:

@@ -21,6 +21,7 @@ from web.errors import RequestError
 
 MAX_REQUEST_FRAMES = 32
 _F32 = np.dtype("<f4")
+_WRITE_CHUNK = 1 << 20
 
 
 def _batch_size(request: web.Request) -> int:
@@ -42,7 +43,7 @@ def _batch_size(request: web.Request) -> int:
     return n
 
 
-async def infer(request: web.Request) -> web.Response:
+async def infer(request: web.Request) -> web.StreamResponse:
     """Run a raw batch through the model; see the module docstring for the wire format."""
     model_id = check_avatar_id(request.match_info["model_id"])
     n = _batch_size(request)
@@ -86,13 +87,20 @@ async def infer(request: web.Request) -> web.Response:
         )
         elapsed_ms = (time.perf_counter() - started) * 1000
         device = model.device.name
-    return web.Response(
-        body=outputs.astype(_F32, copy=False).tobytes(),
-        content_type="application/octet-stream",
+    payload = memoryview(outputs.astype(_F32, copy=False).tobytes())
+    response = web.StreamResponse(
         headers={
+            "Content-Type": "application/octet-stream",
             "X-Lipstream-Device": device,
             "X-Lipstream-Inference-Ms": f"{elapsed_ms:.2f}",
             "X-Lipstream-Batch-Size": str(n),
             "X-Lipstream-Output-Shape": ",".join(map(str, outputs.shape)),
-        },
+        }
     )
+    response.content_length = len(payload)
+    await response.prepare(request)
+    # Megabytes of output: write in slices so the transport's flow control paces us.
+    for start in range(0, len(payload), _WRITE_CHUNK):
+        await response.write(payload[start : start + _WRITE_CHUNK])
+    await response.write_eof()
+    return response
