@@ -149,7 +149,7 @@ class InferenceCore:
         self.schedulers = [
             DeviceScheduler(
                 device.name,
-                workers=settings.devices.workers_per_device,
+                workers=settings.devices.workers_for(device.kind),
                 queue_size=batching.queue_size,
                 max_batch_size=batching.max_batch_size,
                 max_wait_ms=batching.max_wait_ms,

@@ -194,7 +194,9 @@ def session_config(
     CUDA: the device's ordinal, arenas that grow by what is asked (not doubled: hundreds
     of models share a GPU), heuristic cuDNN algorithm search (exhaustive search re-runs
     for every new input shape), initializers in the device allocator. CPU:
-    ``cpu_threads_per_session`` intra-op threads when set (0 = onnxruntime's default).
+    ``cpu_threads_per_session`` intra-op threads, or when 0 the cores divided among the
+    workers of all CPU devices, since that many sessions run at once; threads do not
+    spin-wait when other sessions share the cores (they would steal them).
     """
     options = ort.SessionOptions()
     if device.kind == "cuda":
@@ -205,8 +207,13 @@ def session_config(
         }
         options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
         return [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER], options
-    if settings.cpu_threads_per_session > 0:
-        options.intra_op_num_threads = settings.cpu_threads_per_session
+    cores = os.cpu_count() or 1
+    concurrent = settings.workers_for(device.kind) * (settings.count or 1)
+    threads = settings.cpu_threads_per_session or max(1, cores // concurrent)
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if concurrent > 1:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return [CPU_PROVIDER], options
 
 

@@ -1,4 +1,4 @@
-"""The inference core as a whole: sessions share batches, failures stay contained, shutdown is clean."""
+"""The inference core: sessions share batches, failures stay contained, stop is clean."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -106,8 +107,15 @@ def test_session_config_for_cpu() -> None:
     providers, options = session_config(Device(0), _settings(cpu_threads_per_session=3))
     assert providers == [CPU_PROVIDER]
     assert options.intra_op_num_threads == 3
-    _, default = session_config(Device(0), _settings())
-    assert default.intra_op_num_threads == 0  # onnxruntime's choice
+    cores = os.cpu_count() or 1
+    _, alone = session_config(Device(0), _settings())  # one CPU device, one worker
+    assert alone.intra_op_num_threads == cores
+    with pytest.raises(RuntimeError):  # not set: onnxruntime's default (spin) stays
+        alone.get_session_config_entry("session.intra_op.allow_spinning")
+    # 2 devices x 2 workers share the cores: split them, and do not spin-wait.
+    _, shared = session_config(Device(0), _settings(count=2, workers_per_device=2))
+    assert shared.intra_op_num_threads == max(1, cores // 4)
+    assert shared.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 def test_cpu_memory_probe_sees_allocations() -> None:
