@@ -207,11 +207,16 @@ class LipSyncAdapter:
 
     def to_uint8(self, y: np.ndarray) -> np.ndarray:
         """Model outputs ``[B,3,S,S]`` → uint8 BGR faces ``[B,S,S,3]`` (``output_scale``)."""
-        y = (y + 1.0) * 127.5 if self.spec.output_scale == "minus_one_one" else y * 255.0
-        img = np.clip(y + 0.5, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
-        if self.spec.color_order == "rgb":
-            img = img[:, :, :, ::-1]
-        return np.ascontiguousarray(img)
+        if self.spec.output_scale == "minus_one_one":
+            scaled = np.add(y, 1.0, dtype=np.float32)
+            scaled *= 127.5
+        else:
+            scaled = np.multiply(y, 255.0, dtype=np.float32)
+        scaled += 0.5  # round half up when truncating to uint8
+        np.clip(scaled, 0, 255, out=scaled)
+        planar = scaled.astype(np.uint8)
+        channels = planar[:, ::-1] if self.spec.color_order == "rgb" else planar
+        return np.ascontiguousarray(channels.transpose(0, 2, 3, 1))
 
     def run_raw(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
         """Run already-scaled float32 inputs and return the raw float32 outputs ``[B,3,S,S]``."""

@@ -196,7 +196,7 @@ def session_config(
     for every new input shape), initializers in the device allocator. CPU:
     ``cpu_threads_per_session`` intra-op threads, or when 0 the cores divided among the
     workers of all CPU devices, since that many sessions run at once; threads do not
-    spin-wait when other sessions share the cores (they would steal them).
+    spin-wait (the rest of the server needs the cores).
     """
     options = ort.SessionOptions()
     if device.kind == "cuda":
@@ -212,8 +212,9 @@ def session_config(
     threads = settings.cpu_threads_per_session or max(1, cores // concurrent)
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    if concurrent > 1:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spin-waiting pool threads would steal cores from the event loop, compositing,
+    # encoding and other sessions; a server is never running one model alone.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return [CPU_PROVIDER], options
 
 
