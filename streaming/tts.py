@@ -170,6 +170,12 @@ class EspeakEngine:
         if proc.returncode != 0:
             first = stderr.decode("utf-8", "replace").strip().splitlines()
             reason = first[0] if first else "no error message"
+            if "voice does not exist" in reason:
+                # A well-formed name espeak-ng has no voice for: the caller's to fix (400).
+                raise TtsInputError(
+                    f"espeak-ng has no voice {voice!r} (exit code {proc.returncode}: "
+                    f"{reason}); `espeak-ng --voices` lists them, e.g. en, en-us, fr, de"
+                )
             raise TtsError(
                 f"espeak-ng (voice {voice!r}) failed with exit code {proc.returncode}: {reason}"
             )

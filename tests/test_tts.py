@@ -132,8 +132,8 @@ async def test_espeak_refuses_bad_voice_names() -> None:
         await engine.synthesize("hello", voice="en; ls")
 
 
-async def test_espeak_unknown_voice_reports_stderr(espeak: EspeakEngine) -> None:
-    with pytest.raises(TtsError, match="voice does not exist") as info:
+async def test_espeak_unknown_voice_is_an_input_error(espeak: EspeakEngine) -> None:
+    with pytest.raises(TtsInputError, match="has no voice 'nosuchvoice'") as info:
         await espeak.synthesize("hello", voice="nosuchvoice")
     assert "exit code 1" in str(info.value)
 
