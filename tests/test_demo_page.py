@@ -1,0 +1,262 @@
+"""The demo page in a real browser against the real server, over a real WebRTC call.
+
+Headless Debian Chromium driven by Playwright (never a downloaded browser) opens the page
+served by ``web.app.build_app``, starts a call with the built-in demo avatar and reads
+what the page publishes from ``getStats()`` as ``window.lipstreamStats``. Chromium's fake
+microphone plays espeak-ng speech in a loop; its voice processing is turned off with
+``?raw_audio=1`` so the server hears the speech as generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+
+from config.settings import Settings
+from tests.media import SAMPLE_RATE, require_espeak, resample_linear, write_wav
+from web.app import build_app
+
+try:
+    from playwright.async_api import Error, Page, Response, async_playwright, expect
+except ImportError as exc:  # the `page` fixture fails every test with the install command
+    PLAYWRIGHT_MISSING: ImportError | None = exc
+else:
+    PLAYWRIGHT_MISSING = None
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+# DESIGN §5: fake devices, no permission prompt, autoplay with sound, loopback ICE.
+CHROMIUM_ARGS = (
+    "--headless",
+    "--disable-gpu",
+    "--no-sandbox",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--allow-loopback-in-peer-connection",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+FAKE_MIC_RATE = 48_000
+FPS_MIN = 20.0
+SAMPLE_SPAN_MS = 4_000  # fps is measured over this much of the stream, after the first second
+TIMEOUT_MS = 20_000  # generous: a 2-core machine encodes and decodes 720p while it tests
+
+
+def _loopback_only(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    """aioice leaves 127.0.0.1 out of its host candidates; a sandbox has nothing else."""
+    return ["127.0.0.1"] if use_ipv4 else []
+
+
+@pytest.fixture(scope="module")
+def fake_mic_wav(
+    tmp_path_factory: pytest.TempPathFactory,
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+) -> Path:
+    """espeak-ng speech with pauses at 48 kHz: Chromium's fake microphone loops it."""
+    pcm, _ = speech_16k
+    path = tmp_path_factory.mktemp("fake_mic") / "speech_48k.wav"
+    return write_wav(path, resample_linear(pcm, SAMPLE_RATE, FAKE_MIC_RATE), FAKE_MIC_RATE)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data dir per module, so the demo avatar is generated once."""
+    return tmp_path_factory.mktemp("lipstream_data")
+
+
+@pytest.fixture
+async def server(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[TestServer]:
+    """The real application on 127.0.0.1, serving the built-in demo avatar.
+
+    Indirect parametrisation adds settings sections, e.g. ``{"tts": {"engine": "none"}}``.
+    """
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", _loopback_only)
+    extra: dict[str, Any] = getattr(request, "param", {})
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(data_dir)},
+            "devices": {"kind": "cpu"},
+            **extra,
+        }
+    )
+    test_server = TestServer(build_app(settings), host="127.0.0.1")
+    async with test_server:
+        yield test_server
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's Chromium and the playwright package; missing either is a broken setup."""
+    if PLAYWRIGHT_MISSING is not None:
+        pytest.fail(
+            f"playwright is not installed ({PLAYWRIGHT_MISSING}): "
+            "run `bash scripts/test.sh` (installs .[test])"
+        )
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `apt-get install -y chromium` (.ci/run does)")
+    return CHROMIUM
+
+
+@pytest.fixture
+async def page(tmp_path: Path, fake_mic_wav: Path, chromium: Path) -> AsyncIterator[Page]:
+    """A page in a fresh headless Chromium profile; fails the test on any uncaught JS error."""
+    page_errors: list[Error] = []
+    async with async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(chromium),
+            headless=True,
+            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={fake_mic_wav}"],
+        )
+        try:
+            browser_page = context.pages[0] if context.pages else await context.new_page()
+            browser_page.set_default_timeout(TIMEOUT_MS)
+            browser_page.on("pageerror", lambda error: page_errors.append(error))
+            yield browser_page
+        finally:
+            await context.close()
+    assert not page_errors, f"uncaught errors in the page: {page_errors}"
+
+
+async def _stats(page: Page) -> dict[str, Any]:
+    stats: dict[str, Any] = await page.evaluate("() => ({...window.lipstreamStats})")
+    return stats
+
+
+async def _start_call(page: Page, server: TestServer, *, microphone: bool) -> None:
+    query = "?raw_audio=1" if microphone else ""
+    await page.goto(f"{server.make_url('/')}{query}")
+    await page.get_by_label("Avatar", exact=True).select_option("demo")
+    button = "Start with microphone" if microphone else "Start without microphone"
+    await page.get_by_role("button", name=button).click()
+    await page.wait_for_function(
+        "() => window.lipstreamStats.state === 'connected'"
+        " && window.lipstreamStats.framesDecoded > 0"
+    )
+
+
+async def _hang_up(page: Page) -> None:
+    async with page.expect_response(_request_to("DELETE", "")) as response:
+        await page.get_by_role("button", name="Hang up").click()
+    assert (await response.value).status == 200
+    await expect(page.locator("#stat-state")).to_have_text("disconnected")
+    assert (await _stats(page))["state"] == "disconnected"
+    await expect(page.get_by_role("button", name="Start with microphone")).to_be_enabled()
+    await expect(page.get_by_role("status")).not_to_have_attribute("data-kind", "error")
+
+
+def _request_to(method: str, action: str) -> Callable[[Response], bool]:
+    """A predicate for ``page.expect_response``: ``method /sessions/{id}[/action]``."""
+    suffix = f"/{action}" if action else ""
+
+    def matches(response: Response) -> bool:
+        path = response.url.split("?", 1)[0]
+        return (
+            response.request.method == method
+            and "/sessions/" in path
+            and path.endswith(suffix)
+            and (bool(action) or path.count("/") == 4)  # http://host:port/sessions/{id}
+        )
+
+    return matches
+
+
+async def test_microphone_call_receives_h264_720p_at_25fps(server: TestServer, page: Page) -> None:
+    await _start_call(page, server, microphone=True)
+    # Leave the first second out: the first keyframe and start-up are not the steady rate.
+    await page.wait_for_function("() => window.lipstreamStats.framesDecoded >= 25")
+    first = await _stats(page)
+    readings = [first]
+    end = first["timestamp"] + SAMPLE_SPAN_MS
+    for _ in range(3 * SAMPLE_SPAN_MS // 1000):  # bounded: the page refreshes once a second
+        if readings[-1]["timestamp"] >= end:
+            break
+        await asyncio.sleep(0.5)
+        reading = await _stats(page)
+        if reading["timestamp"] != readings[-1]["timestamp"]:
+            readings.append(reading)
+    last = readings[-1]
+
+    assert last["timestamp"] >= end, f"stats stopped refreshing: {readings}"
+    assert last["codec"] == "video/H264"
+    assert (last["width"], last["height"]) == (1280, 720)
+    assert last["state"] == "connected"
+    frames = [r["framesDecoded"] for r in readings]
+    assert all(b > a for a, b in itertools.pairwise(frames)), frames
+    fps = (
+        (last["framesDecoded"] - first["framesDecoded"])
+        * 1000
+        / (last["timestamp"] - first["timestamp"])
+    )
+    assert fps >= FPS_MIN, f"{fps:.1f} fps received; readings {readings}"
+    assert fps <= 27.5, f"{fps:.1f} fps: more than the avatar's 25 fps"
+    assert last["rttMs"] is not None
+
+    await _hang_up(page)
+
+
+async def test_say_sample_and_interrupt_without_microphone(server: TestServer, page: Page) -> None:
+    require_espeak()  # the server's text-to-speech engine
+    await _start_call(page, server, microphone=False)
+    status = page.get_by_role("status")
+
+    await page.get_by_label("Text to say").fill("Hello, I am the demo avatar.")
+    async with page.expect_response(_request_to("POST", "say")) as said:
+        await page.get_by_role("button", name="Say", exact=True).click()
+    assert (await said.value).status == 202, await (await said.value).text()
+    await expect(status).not_to_have_attribute("data-kind", "error")
+    await expect(status).to_contain_text("Saying")
+
+    before = (await _stats(page))["framesDecoded"]
+    await page.wait_for_function(f"() => window.lipstreamStats.framesDecoded >= {before + 25}")
+
+    async with page.expect_response(_request_to("POST", "audio")) as pushed:
+        await page.get_by_role("button", name="Play sample").click()
+    assert (await pushed.value).status == 202, await (await pushed.value).text()
+    await expect(status).to_contain_text("Speaking the sample")
+
+    async with page.expect_response(_request_to("POST", "interrupt")) as interrupted:
+        await page.get_by_role("button", name="Interrupt").click()
+    assert (await interrupted.value).status == 200, await (await interrupted.value).text()
+    await expect(status).to_have_text("Interrupted.")
+
+    before = (await _stats(page))["framesDecoded"]
+    await page.wait_for_function(f"() => window.lipstreamStats.framesDecoded >= {before + 25}")
+    await _hang_up(page)
+
+
+@pytest.mark.parametrize("server", [{"tts": {"engine": "none"}}], indirect=True)
+async def test_server_error_is_shown_in_the_status_line(server: TestServer, page: Page) -> None:
+    await _start_call(page, server, microphone=False)
+    await page.get_by_label("Text to say").fill("Nobody can say this.")
+    async with page.expect_response(_request_to("POST", "say")) as said:
+        await page.get_by_role("button", name="Say", exact=True).click()
+    response = await said.value
+    assert response.status == 503
+    message = (await response.json())["error"]["message"]
+    assert message
+    status = page.get_by_role("status")
+    await expect(status).to_have_attribute("data-kind", "error")
+    await expect(status).to_have_text(message)
+    # A refused request leaves the call up.
+    before = (await _stats(page))["framesDecoded"]
+    await page.wait_for_function(f"() => window.lipstreamStats.framesDecoded >= {before + 25}")
+    await _hang_up(page)
