@@ -267,6 +267,8 @@ class SessionSettings(_Section):
     idle_timeout_s: float = Field(default=300.0, ge=0)
     max_audio_push_bytes: ByteSize = Field(default=16 * MIB, ge=1)
     max_say_chars: int = Field(default=2000, ge=1)
+    max_queued_audio_s: float = Field(default=120.0, gt=0)
+    pipeline_margin_ms: float = Field(default=60.0, ge=0, le=2000)
 
 
 class TtsSettings(_Section):

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
+from inference_core.avatar import AvatarLocator, AvatarPackage
 from inference_core.devices import Device, MemoryProbe, detect_devices
 from inference_core.exceptions import ModelInputError, ShuttingDownError
 from inference_core.frame_request import FrameRequest
@@ -58,6 +58,10 @@ class ModelHandle:
     @property
     def spec(self) -> AdapterSpec:
         return self._model.package.manifest.adapter
+
+    @property
+    def package(self) -> AvatarPackage:
+        return self._model.package
 
     def submit(
         self,

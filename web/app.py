@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
 from config.settings import Settings
 from inference_core.avatar import AvatarLocator
 from inference_core.core import InferenceCore
-from web.app_keys import CORE, SETTINGS
+from streaming.session_manager import SessionManager
+from streaming.tts import build_tts_engine
+from web.app_keys import CORE, SESSIONS, SETTINGS, TTS
 from web.errors import error_middleware
 from web.infer_api import infer
+from web.signalling import add_routes
 
 logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
 
 
 def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.Application:
@@ -33,9 +39,27 @@ def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.A
         yield
         await app[CORE].stop(timeout_s=settings.server.drain_timeout_s)
 
-    app.cleanup_ctx.append(inference_core)
+    async def sessions(app: web.Application) -> AsyncIterator[None]:
+        app[SESSIONS] = SessionManager(settings, app[CORE])
+        yield
+        await app[SESSIONS].close_all()
+
+    async def text_to_speech(app: web.Application) -> AsyncIterator[None]:
+        app[TTS] = build_tts_engine(settings.tts)
+        yield
+        await app[TTS].close()
+
+    app.cleanup_ctx.extend([inference_core, sessions, text_to_speech])
     app.router.add_post("/v1/infer/{model_id}", infer)
+    add_routes(app)
+    app.router.add_get("/", index)
+    app.router.add_static("/static", STATIC_DIR, follow_symlinks=False)
     return app
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    """The browser demo page."""
+    return web.FileResponse(STATIC_DIR / "index.html")
 
 
 def serve(settings: Settings) -> None:

@@ -6,6 +6,10 @@ from aiohttp import web
 
 from config.settings import Settings
 from inference_core.core import InferenceCore
+from streaming.session_manager import SessionManager
+from streaming.tts import TtsEngine
 
 SETTINGS = web.AppKey("settings", Settings)
 CORE = web.AppKey("core", InferenceCore)
+SESSIONS = web.AppKey("sessions", SessionManager)
+TTS = web.AppKey("tts", TtsEngine)

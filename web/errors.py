@@ -28,6 +28,15 @@ from inference_core.exceptions import (
     QueueFullError,
     ShuttingDownError,
 )
+from streaming.audio_mixer import AudioQueueFullError
+from streaming.audio_push import AudioTooLargeError
+from streaming.exceptions import (
+    OfferError,
+    SessionLimitError,
+    SessionNotFoundError,
+    StreamingError,
+)
+from streaming.tts import TtsError, TtsInputError, TtsUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +44,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # (exception type, HTTP status, error code, Retry-After seconds or None); first match wins.
 _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
+    (OfferError, 400, "bad_offer", None),
+    (SessionNotFoundError, 404, "session_not_found", None),
+    (SessionLimitError, 503, "too_many_sessions", 5),
+    (StreamingError, 500, "streaming_failed", None),
+    (AudioTooLargeError, 413, "audio_too_large", None),
+    (AudioQueueFullError, 429, "audio_queue_full", 2),
+    (TtsUnavailableError, 503, "tts_unavailable", None),
+    (TtsInputError, 400, "bad_text", None),
+    (TtsError, 502, "tts_failed", None),
     (InvalidAvatarIdError, 400, "invalid_model_id", None),
     (AvatarNotFoundError, 404, "model_not_found", None),
     (AvatarInvalidError, 500, "model_invalid", None),
@@ -91,7 +109,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         code = exc.reason.lower().replace(" ", "_")
         return json_error(exc.status, code, exc.text or exc.reason)
-    except (RequestError, InferenceError, CompositorError) as exc:
+    except (RequestError, InferenceError, CompositorError, StreamingError) as exc:
         response = response_for(exc)
         if response.status >= 500:
             logger.warning("%s %s failed: %s", request.method, request.path, exc)

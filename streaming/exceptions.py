@@ -1,0 +1,27 @@
+"""Errors raised by the streaming layer.
+
+Hierarchy::
+
+    StreamingError              root: a call cannot be set up or controlled
+    ├── OfferError              the SDP offer is malformed or cannot be answered (400)
+    ├── SessionNotFoundError    no live session with that id (404)
+    └── SessionLimitError       the server is at its session limit (503 + Retry-After)
+"""
+
+from __future__ import annotations
+
+
+class StreamingError(Exception):
+    """Root of all streaming errors."""
+
+
+class OfferError(StreamingError):
+    """An SDP offer that cannot be parsed or answered."""
+
+
+class SessionNotFoundError(StreamingError):
+    """No live session has that id."""
+
+
+class SessionLimitError(StreamingError):
+    """The server runs as many sessions as it is configured for."""

@@ -1,0 +1,129 @@
+"""Outbound WebRTC tracks paced by one session clock, so lips and sound stay together.
+
+Video frame ``n`` (the face for audio time ``n/fps``) and audio chunk ``m`` (audio time
+``m·20 ms``) are both handed to aiortc at ``start + delay + their audio time``. A track
+that falls behind skips to the current slot instead of sleeping negative times, so
+lateness never turns into growing latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from streaming.audio_mixer import CHUNK_SAMPLES, OUT_RATE
+
+logger = logging.getLogger(__name__)
+
+VIDEO_CLOCK = 90_000
+AUDIO_CHUNK_S = CHUNK_SAMPLES / OUT_RATE
+
+
+class SessionClock:
+    """Wall-clock schedule of a session's media: starts when the first track asks."""
+
+    def __init__(self, delay_s: float, on_start: Callable[[float], None]) -> None:
+        self.delay_s = delay_s
+        self.start: float | None = None
+        self._on_start = on_start
+
+    def started(self) -> float:
+        """The start time, starting the clock (and the session's timeline) if needed."""
+        if self.start is None:
+            self.start = time.monotonic()
+            self._on_start(self.start)
+        return self.start
+
+    def due(self, audio_time_s: float) -> float:
+        """When media for ``audio_time_s`` on the session timeline is handed to aiortc."""
+        return self.started() + self.delay_s + audio_time_s
+
+
+async def _wait_for_slot(clock: SessionClock, index: int, period_s: float) -> tuple[int, int]:
+    """Sleep until slot ``index`` is due; if more than one period late, jump ahead.
+
+    Returns the slot to send and how many slots were skipped.
+    """
+    due = clock.due(index * period_s)
+    now = time.monotonic()
+    if now < due:
+        await asyncio.sleep(due - now)
+        return index, 0
+    late_slots = math.floor((now - due) / period_s)
+    return index + late_slots, late_slots
+
+
+FrameSource = Callable[[int], Awaitable[np.ndarray]]
+
+
+class AvatarVideoTrack(MediaStreamTrack):
+    """The avatar video: frame ``n`` comes from ``source(n)`` (a yuv420p array)."""
+
+    kind = "video"
+
+    def __init__(self, clock: SessionClock, fps: int, source: FrameSource) -> None:
+        super().__init__()
+        self._clock = clock
+        self._fps = fps
+        self._source = source
+        self._next = 0
+        self._time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        self.frames_sent = 0
+        self.frames_skipped = 0
+
+    @property
+    def next_index(self) -> int:
+        """The next frame this track will send (earlier frames are no longer wanted)."""
+        return self._next
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        index, skipped = await _wait_for_slot(self._clock, self._next, 1.0 / self._fps)
+        self.frames_skipped += skipped
+        self._next = index + 1
+        frame = av.VideoFrame.from_ndarray(await self._source(index), format="yuv420p")
+        frame.pts = index * VIDEO_CLOCK // self._fps
+        frame.time_base = self._time_base
+        self.frames_sent += 1
+        return frame
+
+
+ChunkSource = Callable[[int], np.ndarray]
+
+
+class AvatarAudioTrack(MediaStreamTrack):
+    """The session's audio timeline, delayed to match the video, as 20 ms s16 frames."""
+
+    kind = "audio"
+
+    def __init__(self, clock: SessionClock, source: ChunkSource) -> None:
+        super().__init__()
+        self._clock = clock
+        self._source = source
+        self._next = 0
+        self._time_base = fractions.Fraction(1, OUT_RATE)
+        self.chunks_skipped = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        index, skipped = await _wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
+        self.chunks_skipped += skipped
+        self._next = index + 1
+        pcm = np.clip(self._source(index) * 32767.0, -32768, 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame.sample_rate = OUT_RATE
+        frame.pts = index * CHUNK_SAMPLES
+        frame.time_base = self._time_base
+        return frame
+

@@ -1,0 +1,181 @@
+"""Creates sessions from SDP offers, finds them by id, and ends them.
+
+The manager owns what sessions share: the background-frame cache, one audio encoder per
+avatar, the H.264 encoder factory and the compositing thread pool. It holds every live
+session and closes them all on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+
+from compositor.background_cache import AvatarFrames, BackgroundCache
+from config.settings import Settings
+from inference_core.audio_encoder import AudioEncoder
+from inference_core.core import InferenceCore, ModelHandle
+from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
+from streaming.session import Session
+from streaming.video_encoder import (
+    EncoderFactory,
+    install_encoder,
+    negotiated_codec,
+    prefer_h264,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def ice_configuration(settings: Settings) -> RTCConfiguration:
+    """ICE servers from the settings; none by default (``None`` would mean Google's STUN)."""
+    servers = [
+        RTCIceServer(
+            urls=list(server.urls),
+            username=server.username,
+            credential=server.credential.get_secret_value() if server.credential else None,
+        )
+        for server in settings.server.ice_servers
+    ]
+    return RTCConfiguration(iceServers=servers)
+
+
+class SessionManager:
+    """All live sessions of the server."""
+
+    def __init__(self, settings: Settings, core: InferenceCore) -> None:
+        self.settings = settings
+        self.core = core
+        self.cache = BackgroundCache(settings.cache.background_cache_bytes)
+        self.encoders = EncoderFactory(settings.video)
+        self.executor = ThreadPoolExecutor(thread_name_prefix="lipstream-compose")
+        self._sessions: dict[str, Session] = {}
+        self._audio_encoders: dict[str, AudioEncoder | None] = {}
+        self._creating = 0
+        self._closing = False
+
+    @property
+    def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFoundError(f"no live session {session_id[:64]!r}")
+        return session
+
+    async def create(self, sdp: str, sdp_type: str, avatar_id: str, remote: str | None) -> Session:
+        """Answer an offer for ``avatar_id``; the session is live once ICE connects.
+
+        Raises ``SessionLimitError`` at capacity, avatar errors for unknown ids,
+        ``OfferError`` for offers aiortc cannot take.
+        """
+        if self._closing:
+            raise SessionLimitError("the server is shutting down")
+        if len(self._sessions) + self._creating >= self.settings.server.max_sessions:
+            raise SessionLimitError(
+                f"the server is at its limit of {self.settings.server.max_sessions} sessions; "
+                "try again later"
+            )
+        if sdp_type != "offer":
+            raise OfferError(f"type must be 'offer', got {sdp_type[:20]!r}")
+        self._creating += 1
+        try:
+            model = await self.core.open(avatar_id)
+            try:
+                return await self._answer(model, sdp, remote)
+            except BaseException:
+                model.close()
+                raise
+        finally:
+            self._creating -= 1
+
+    async def _answer(self, model: ModelHandle, sdp: str, remote: str | None) -> Session:
+        package = model.package
+        audio_encoder = await self._audio_encoder(package.avatar_id, model)
+        frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
+        pc = RTCPeerConnection(ice_configuration(self.settings))
+        session = Session(
+            secrets.token_urlsafe(16),
+            pc,
+            model,
+            frames,
+            audio_encoder,
+            self.settings,
+            self.executor,
+            remote=remote,
+            on_closed=self._forget,
+        )
+        try:
+            video_sender = pc.addTrack(session.video)
+            pc.addTrack(session.audio)
+            video_transceiver = next(t for t in pc.getTransceivers() if t.sender is video_sender)
+            # H.264 when the caller can decode it; otherwise aiortc negotiates VP8.
+            if "h264/90000" in sdp.lower():
+                prefer_h264(video_transceiver)
+
+            @pc.on("track")
+            def on_track(track: object) -> None:
+                session.add_remote_track(track)  # type: ignore[arg-type]
+
+            @pc.on("connectionstatechange")
+            async def on_state() -> None:
+                state = pc.connectionState
+                if state == "connected":
+                    session.state = "connected"
+                elif state in ("failed", "closed"):
+                    await session.close(f"connection {state}")
+
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+                await pc.setLocalDescription(await pc.createAnswer())
+            except Exception as exc:  # aiortc raises many types on a bad SDP (DESIGN §7)
+                raise OfferError(f"the offer cannot be answered: {exc!r}"[:500]) from exc
+            if not pc.getTransceivers() or all(t.mid is None for t in pc.getTransceivers()):
+                raise OfferError("the offer has no audio or video section")
+            negotiated = negotiated_codec(video_transceiver)
+            codec = negotiated.mimeType if negotiated is not None else None
+            if negotiated is not None:
+                w, h = package.manifest.frame_size
+                encoder = self.encoders.create(w, h, package.manifest.fps)
+                install_encoder(video_sender, encoder, negotiated)
+            session.preload_frames()
+        except BaseException:
+            await session.close("offer failed")
+            raise
+        self._sessions[session.session_id] = session
+        logger.info(
+            "session created: session=%s avatar=%s remote=%s video_codec=%s",
+            session.session_id,
+            package.avatar_id,
+            remote,
+            codec,
+        )
+        return session
+
+    async def _audio_encoder(self, avatar_id: str, model: ModelHandle) -> AudioEncoder | None:
+        if avatar_id not in self._audio_encoders:
+            path = model.package.encoder_path
+            if model.spec.audio_feature != "ave" or path is None:
+                self._audio_encoders[avatar_id] = None
+            else:
+                self._audio_encoders[avatar_id] = await asyncio.to_thread(
+                    AudioEncoder.from_path, path
+                )
+        return self._audio_encoders[avatar_id]
+
+    def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.session_id, None)
+
+    async def close(self, session_id: str, reason: str = "hung up") -> None:
+        await self.get(session_id).close(reason)
+
+    async def close_all(self) -> None:
+        """End every session (shutdown) and stop the compositing threads."""
+        self._closing = True
+        await asyncio.gather(*(s.close("server shutdown") for s in self.sessions))
+        await asyncio.to_thread(self.executor.shutdown, wait=True)
+

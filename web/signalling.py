@@ -1,0 +1,162 @@
+"""WebRTC signalling and session control.
+
+    POST   /offer                       {"sdp", "type": "offer", "avatar"} → answer + session_id
+    DELETE /sessions/{id}               hang up
+    GET    /sessions/{id}               the session's state
+    POST   /sessions/{id}/audio         WAV / any container / raw PCM → spoken by the avatar
+    POST   /sessions/{id}/say           {"text", "voice"?} → text-to-speech → spoken
+    POST   /sessions/{id}/interrupt     drop queued audio; the avatar goes idle
+    GET    /avatars                     the avatars a client can pick
+    GET    /webrtc-config               ICE servers for the browser
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from inference_core.avatar import check_avatar_id
+from streaming.audio_push import AudioLimits, decode_pushed_audio
+from streaming.tts import check_text, check_voice
+from web.app_keys import CORE, SESSIONS, SETTINGS, TTS
+from web.errors import RequestError
+
+
+async def _read_bounded(request: web.Request, limit: int, what: str) -> bytes:
+    """The request body, refusing (413) anything over ``limit`` bytes before reading it all."""
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(
+            413, "body_too_large", f"{what} is {request.content_length} bytes; at most {limit}"
+        )
+    body = await request.content.read(limit + 1)
+    while len(body) <= limit:
+        more = await request.content.read(limit + 1 - len(body))
+        if not more:
+            break
+        body += more
+    if len(body) > limit:
+        raise RequestError(413, "body_too_large", f"{what} is over the limit of {limit} bytes")
+    return body
+
+
+async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
+    body = await _read_bounded(request, limit, "the JSON body")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, "bad_json", "the body must be a JSON object")
+    return data
+
+
+def _string(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise RequestError(400, "bad_field", f"field {key!r} must be a string")
+    return value
+
+
+def _optional_string(data: dict[str, Any], key: str) -> str | None:
+    return None if data.get(key) is None else _string(data, key)
+
+
+async def offer(request: web.Request) -> web.Response:
+    """Answer a WebRTC offer for an avatar; the call starts once ICE connects."""
+    settings = request.app[SETTINGS]
+    data = await _json_body(request, settings.server.max_offer_bytes)
+    sdp = _string(data, "sdp")
+    sdp_type = _string(data, "type")
+    avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
+    session = await request.app[SESSIONS].create(sdp, sdp_type, avatar, request.remote)
+    local = session.pc.localDescription
+    return web.json_response(
+        {"sdp": local.sdp, "type": local.type, "session_id": session.session_id}
+    )
+
+
+async def hang_up(request: web.Request) -> web.Response:
+    """End a session."""
+    session_id = request.match_info["session_id"]
+    await request.app[SESSIONS].close(session_id, "hung up by API")
+    return web.json_response({"session_id": session_id, "state": "closed"})
+
+
+async def session_state(request: web.Request) -> web.Response:
+    """One session's state and counters."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    return web.json_response(session.summary())
+
+
+async def push_audio(request: web.Request) -> web.Response:
+    """Queue pushed audio in a session (202); the avatar speaks it in real time."""
+    settings = request.app[SETTINGS]
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    limits = AudioLimits.from_settings(settings.session)
+    body = await _read_bounded(request, limits.max_bytes, "the audio body")
+    content_type = request.headers.get("Content-Type", "")
+    samples = await asyncio.to_thread(
+        decode_pushed_audio, body, content_type, dict(request.query), limits=limits
+    )
+    queued = session.push_audio(samples)
+    return web.json_response(
+        {"duration_ms": round(len(samples) / 16, 1), "queued_ms": round(queued * 1000, 1)},
+        status=202,
+    )
+
+
+async def say(request: web.Request) -> web.Response:
+    """Speak text through the configured text-to-speech engine (202)."""
+    settings = request.app[SETTINGS]
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    data = await _json_body(request, 4 * settings.session.max_say_chars + 1024)
+    text = check_text(_string(data, "text"), settings.session.max_say_chars)
+    voice = _optional_string(data, "voice")
+    samples = await request.app[TTS].synthesize(
+        text, voice=check_voice(voice) if voice is not None else None
+    )
+    queued = session.push_audio(samples)
+    return web.json_response(
+        {"duration_ms": round(len(samples) / 16, 1), "queued_ms": round(queued * 1000, 1)},
+        status=202,
+    )
+
+
+async def interrupt(request: web.Request) -> web.Response:
+    """Drop a session's queued audio and frames."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    dropped = session.interrupt()
+    return web.json_response({"dropped_ms": round(dropped * 1000, 1)})
+
+
+async def avatars(request: web.Request) -> web.Response:
+    """Avatars a client may ask for (ids only: manifests are read when used)."""
+    ids = request.app[CORE].registry.ids()
+    return web.json_response({"avatars": [{"id": avatar_id} for avatar_id in sorted(ids)]})
+
+
+async def webrtc_config(request: web.Request) -> web.Response:
+    """The ICE servers browsers should use (credentials included: they are for clients)."""
+    servers = []
+    for server in request.app[SETTINGS].server.ice_servers:
+        entry: dict[str, Any] = {"urls": list(server.urls)}
+        if server.username is not None:
+            entry["username"] = server.username
+        if server.credential is not None:
+            entry["credential"] = server.credential.get_secret_value()
+        servers.append(entry)
+    return web.json_response({"iceServers": servers})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/offer", offer)
+    app.router.add_get("/sessions/{session_id}", session_state)
+    app.router.add_delete("/sessions/{session_id}", hang_up)
+    app.router.add_post("/sessions/{session_id}/audio", push_audio)
+    app.router.add_post("/sessions/{session_id}/say", say)
+    app.router.add_post("/sessions/{session_id}/interrupt", interrupt)
+    app.router.add_get("/avatars", avatars)
+    app.router.add_get("/webrtc-config", webrtc_config)
