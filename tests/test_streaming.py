@@ -148,21 +148,23 @@ async def test_say_audio_push_and_interrupt(
         )
         assert pushed.status == 202, await pushed.text()
         await asyncio.sleep(1.2)  # speech is playing now
-        before = (await (await client.get(f"/sessions/{sid}")).json())["frames_inferred"]
+        speaking = caller.received.video_pts[-10:]
         stopped = await client.post(f"/sessions/{sid}/interrupt")
         assert stopped.status == 200
         assert (await stopped.json())["dropped_ms"] > 500
         cut_at = len(caller.received.video_pts)
         await asyncio.sleep(1.0)
-        after = (await (await client.get(f"/sessions/{sid}")).json())["frames_inferred"]
-        assert after - before <= 5  # at most 200 ms of frames already on their way
 
         probe = MouthProbe(_package(client, "demo"))
-        tail = caller.received.video_pts[cut_at + 10 :]  # 400 ms after the interrupt
-        assert len(tail) >= 10
-        for pts in tail:
+
+        def mouth(pts: int) -> float:
             index = round(pts * FPS / 90_000)
-            assert probe.diff(index, caller.received.luma[index]) < 4
+            return probe.diff(index, caller.received.luma[index])
+
+        assert max(mouth(pts) for pts in speaking) > 8  # it was speaking when interrupted
+        tail = caller.received.video_pts[cut_at + 5 :]  # from 200 ms after the interrupt
+        assert len(tail) >= 15
+        assert max(mouth(pts) for pts in tail) < 4
     finally:
         await caller.hang_up()
 
