@@ -1,0 +1,433 @@
+"""streaming.video_encoder: real libx264 encodes, real H.264 decodes, real aiortc peers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from fractions import Fraction
+
+import aioice.ice
+import av
+import numpy as np
+import pytest
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpCodecParameters,
+    RTCRtpSender,
+    VideoStreamTrack,
+)
+from aiortc.codecs.h264 import h264_depayload
+from aiortc.exceptions import OperationError
+
+from config.settings import VideoSettings
+from streaming.video_encoder import (
+    EncoderConfig,
+    EncoderFactory,
+    LipstreamH264Encoder,
+    install_encoder,
+    negotiated_codec,
+    pick_encoder,
+    prefer_h264,
+    probe_nvenc,
+)
+
+WIDTH, HEIGHT = 320, 240
+RTP_TIME_BASE = Fraction(1, 90_000)
+NAL_IDR, NAL_SPS = 5, 7
+# Where aiortc 1.16 keeps a sender's encoder; if an upgrade moves it, these tests fail.
+SENDER_ENCODER = "_RTCRtpSender__encoder"
+RECEIVER_CODECS = "_RTCRtpReceiver__codecs"
+
+
+def pattern(i: int, width: int = WIDTH, height: int = HEIGHT) -> np.ndarray:
+    """A yuv420p (I420) array: diagonal luma bands and chroma ramps that move with ``i``."""
+    x = np.arange(width)[None, :]
+    y = np.arange(height)[:, None]
+    luma = 128 + 90 * np.sin((x + y + 3 * i) / 14.0)
+    cx = np.arange(width // 2)[None, :]
+    cy = np.arange(height // 2)[:, None]
+    u = np.broadcast_to(96 + (cx + i) % 64, (height // 2, width // 2))
+    v = np.broadcast_to(160 - (cy + 2 * i) % 64, (height // 2, width // 2))
+    chroma = np.concatenate([u, v], axis=0).reshape(height // 2, width)
+    return np.concatenate([luma, chroma], axis=0).astype(np.uint8)
+
+
+def video_frame(i: int, width: int = WIDTH, height: int = HEIGHT) -> av.VideoFrame:
+    frame = av.VideoFrame.from_ndarray(pattern(i, width, height), format="yuv420p")
+    frame.pts = i * 3600  # 25 fps on the RTP clock, as the session clock makes them
+    frame.time_base = RTP_TIME_BASE
+    return frame
+
+
+def access_unit(payloads: list[bytes]) -> bytes:
+    """Undo aiortc's RTP packetization (single NAL, STAP-A, FU-A) into Annex B bytes."""
+    return b"".join(h264_depayload(payload) for payload in payloads)
+
+
+def nal_types(annex_b: bytes) -> list[int]:
+    return [annex_b[m.end()] & 0x1F for m in re.finditer(b"\x00\x00\x01", annex_b)]
+
+
+def sps(annex_b: bytes) -> tuple[int, int, int]:
+    """(profile_idc, constraint flags byte, level_idc) of the first SPS."""
+    for m in re.finditer(b"\x00\x00\x01", annex_b):
+        if annex_b[m.end()] & 0x1F == NAL_SPS:
+            start = m.end() + 1
+            return annex_b[start], annex_b[start + 1], annex_b[start + 2]
+    raise AssertionError("no SPS in the access unit")
+
+
+def x264_options(annex_b: bytes) -> dict[str, str]:
+    """The option string x264 writes into an SEI of its first IDR, as a dict."""
+    match = re.search(rb"options: ([ -~]+)", annex_b)
+    assert match is not None, "no x264 options SEI in the access unit"
+    pairs = (item.split("=", 1) for item in match.group(1).decode().split())
+    return {key: value for key, value in pairs}
+
+
+def encoder(settings: VideoSettings | None = None) -> LipstreamH264Encoder:
+    return LipstreamH264Encoder(
+        EncoderConfig.from_settings(settings or VideoSettings(), WIDTH, HEIGHT)
+    )
+
+
+def nvenc_works() -> bool:
+    return probe_nvenc(VideoSettings(encoder="h264_nvenc")) is None
+
+
+# --- encode -> decode ---------------------------------------------------------------
+
+
+def test_round_trip_decodes_every_frame_with_small_error() -> None:
+    enc = encoder(VideoSettings(keyframe_interval_s=10.0))
+    decoder = av.CodecContext.create("h264", "r")
+    keyframes: list[int] = []
+    errors: list[float] = []
+    for i in range(20):
+        payloads, timestamp = enc.encode(video_frame(i), force_keyframe=(i == 12))
+        assert timestamp == i * 3600
+        au = access_unit(payloads)
+        if NAL_IDR in nal_types(au):
+            keyframes.append(i)
+        decoded = decoder.decode(av.Packet(au))
+        assert len(decoded) == 1, f"frame {i} did not decode"
+        out = decoded[0]
+        assert (out.width, out.height) == (WIDTH, HEIGHT)
+        diff = out.to_ndarray().astype(np.int16) - pattern(i).astype(np.int16)
+        errors.append(float(np.abs(diff).mean()))
+    # Frame 0 opens the stream with an IDR; the forced one (PLI) is an IDR too, and the
+    # 10 s GOP adds none in between.
+    assert keyframes == [0, 12]
+    assert max(errors) < 6.0, errors
+
+
+def test_keyframes_follow_the_configured_interval() -> None:
+    enc = encoder(VideoSettings(keyframe_interval_s=0.4))  # 10 frames at 25 fps
+    keyframes = [
+        i for i in range(25) if NAL_IDR in nal_types(access_unit(enc.encode(video_frame(i))[0]))
+    ]
+    assert keyframes == [0, 10, 20]
+
+
+@pytest.mark.parametrize(("preset", "subme"), [("veryfast", "2"), ("ultrafast", "0")])
+def test_stream_is_constrained_baseline_with_our_x264_options(preset: str, subme: str) -> None:
+    enc = encoder(VideoSettings(preset=preset, keyframe_interval_s=2.0))  # type: ignore[arg-type]
+    au = access_unit(enc.encode(video_frame(0))[0])
+    profile_idc, flags, level_idc = sps(au)
+    assert profile_idc == 66  # Baseline ...
+    assert flags & 0x40  # ... with constraint_set1: Constrained Baseline
+    assert level_idc == 31
+    options = x264_options(au)
+    assert options["subme"] == subme  # the preset reached x264 (aiortc's medium is 7)
+    assert options["keyint"] == "50"
+    assert options["bframes"] == "0"
+    assert options["rc_lookahead"] == "0"  # tune=zerolatency
+    assert options["bitrate"] == "1200"  # kbit/s, 320x240 at 25 fps
+    assert options["vbv_maxrate"] == "1200"
+
+
+def test_frames_in_another_pixel_format_are_converted() -> None:
+    enc = encoder()
+    rgb = av.VideoFrame.from_ndarray(np.full((HEIGHT, WIDTH, 3), 90, np.uint8), format="rgb24")
+    rgb.pts, rgb.time_base = 0, RTP_TIME_BASE
+    decoded = av.CodecContext.create("h264", "r").decode(av.Packet(access_unit(enc.encode(rgb)[0])))
+    assert [(f.width, f.height) for f in decoded] == [(WIDTH, HEIGHT)]
+
+
+def test_remb_is_clamped_and_small_moves_keep_the_codec() -> None:
+    enc = encoder()  # 1.2 Mbit/s configured
+    enc.encode(video_frame(0))
+    first = enc.codec
+    assert first is not None
+    assert first.bit_rate == 1_200_000
+
+    enc.target_bitrate = 100_000_000
+    assert enc.target_bitrate == 1_800_000  # 1.5x
+    payloads, _ = enc.encode(video_frame(1))
+    assert enc.codec is not first, "a >10% move re-creates the codec, as in aiortc"
+    assert enc.codec is not None
+    assert enc.codec.bit_rate == 1_800_000
+    assert NAL_IDR in nal_types(access_unit(payloads))  # a new codec starts with an IDR
+
+    reopened = enc.codec
+    enc.target_bitrate = 1_700_000  # within 10% of 1.8 Mbit/s
+    enc.encode(video_frame(2))
+    assert enc.codec is reopened
+
+    enc.target_bitrate = 1_000
+    assert enc.target_bitrate == 300_000  # 0.25x
+
+
+def test_a_new_frame_size_reopens_at_a_matching_level() -> None:
+    enc = encoder()
+    enc.encode(video_frame(0))
+    payloads, _ = enc.encode(video_frame(1, 1920, 1080))
+    assert enc.config.level == "4.0"
+    assert enc.codec is not None
+    assert (enc.codec.width, enc.codec.height) == (1920, 1080)
+    assert sps(access_unit(payloads))[2] == 40
+
+
+# --- configuration ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "fps", "bitrate", "level"),
+    [
+        (854, 480, 25, 1_200_000, "3.1"),
+        (1280, 720, 25, 2_500_000, "3.1"),
+        (1280, 720, 30, 3_000_000, "3.1"),
+        (1280, 720, 50, 5_000_000, "3.2"),
+        (1920, 1080, 25, 4_500_000, "4.0"),
+        (1920, 1080, 50, 9_000_000, "4.2"),
+    ],
+)
+def test_bitrate_and_level_by_resolution(
+    width: int, height: int, fps: int, bitrate: int, level: str
+) -> None:
+    config = EncoderConfig.from_settings(VideoSettings(), width, height, fps)
+    assert (config.bitrate, config.level) == (bitrate, level)
+    assert config.codec_options()["level"] == level
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "fps", "gop"), [(2.0, 25, 50), (1.0, 30, 30), (0.5, 25, 12), (0.01, 25, 1)]
+)
+def test_gop_from_keyframe_interval_and_fps(interval_s: float, fps: int, gop: int) -> None:
+    settings = VideoSettings(keyframe_interval_s=interval_s)
+    config = EncoderConfig.from_settings(settings, WIDTH, HEIGHT, fps)
+    assert config.gop == gop
+    assert config.codec_options()["g"] == str(gop)
+
+
+def test_explicit_bitrate_is_honoured() -> None:
+    settings = VideoSettings(bitrate_kbps=800)
+    for width, height in [(WIDTH, HEIGHT), (1280, 720), (1920, 1080)]:
+        config = EncoderConfig.from_settings(settings, width, height)
+        assert config.bitrate == 800_000
+        assert (config.min_bitrate, config.max_bitrate) == (200_000, 1_200_000)
+
+
+def test_x264_and_nvenc_get_low_latency_options() -> None:
+    def pick(options: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+        return {key: options[key] for key in keys}
+
+    x264 = EncoderConfig.from_settings(VideoSettings(preset="ultrafast"), 1280, 720)
+    assert pick(x264.codec_options(), ("preset", "tune", "profile", "bf", "forced-idr")) == {
+        "preset": "ultrafast",
+        "tune": "zerolatency",
+        "profile": "baseline",
+        "bf": "0",
+        "forced-idr": "1",
+    }
+    nvenc = EncoderConfig.from_settings(VideoSettings(), 1280, 720, codec_name="h264_nvenc")
+    keys = ("preset", "zerolatency", "delay", "bf", "profile", "forced-idr")
+    assert pick(nvenc.codec_options(), keys) == {
+        "preset": "p2",  # veryfast's counterpart
+        "zerolatency": "1",
+        "delay": "0",
+        "bf": "0",
+        "profile": "baseline",
+        "forced-idr": "1",
+    }
+
+
+def test_odd_frame_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match="even"):
+        EncoderConfig.from_settings(VideoSettings(), 321, 240)
+
+
+def test_nvenc_options_pass_ffmpegs_option_parser() -> None:
+    # FFmpeg rejects an unknown value of a known option with EINVAL before it touches
+    # the GPU; any other outcome (opens, or no usable device) means our values parse.
+    config = EncoderConfig.from_settings(VideoSettings(), 256, 144, codec_name="h264_nvenc")
+    codec = av.CodecContext.create("h264_nvenc", "w")
+    codec.width, codec.height, codec.pix_fmt = 256, 144, "yuv420p"
+    codec.time_base, codec.framerate = RTP_TIME_BASE, Fraction(25)
+    codec.options = config.codec_options()
+    try:
+        codec.open()
+    except av.error.ArgumentError as exc:
+        pytest.fail(f"FFmpeg rejected our h264_nvenc options: {exc}")
+    except av.FFmpegError:
+        pass  # no NVENC device here
+
+
+def test_nvenc_request_falls_back_to_libx264_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if nvenc_works():
+        pytest.skip("this machine has a working NVENC")
+    with caplog.at_level(logging.WARNING, logger="streaming.video_encoder"):
+        factory = EncoderFactory(VideoSettings(encoder="h264_nvenc"))
+    assert factory.codec_name == "libx264"
+    assert factory.create(WIDTH, HEIGHT).config.codec_name == "libx264"
+    assert any(
+        r.levelno == logging.WARNING and "falling back to libx264" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_auto_picks_libx264_without_nvenc_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if nvenc_works():
+        pytest.skip("this machine has a working NVENC")
+    with caplog.at_level(logging.INFO, logger="streaming.video_encoder"):
+        assert pick_encoder(VideoSettings(encoder="auto")) == "libx264"
+    assert any("h264_nvenc unavailable" in r.getMessage() for r in caplog.records)
+    assert pick_encoder(VideoSettings(encoder="libx264")) == "libx264"
+
+
+def test_an_nvenc_stream_that_cannot_open_encodes_with_libx264(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if nvenc_works():
+        pytest.skip("this machine has a working NVENC")
+    config = EncoderConfig.from_settings(VideoSettings(), WIDTH, HEIGHT, codec_name="h264_nvenc")
+    enc = LipstreamH264Encoder(config)
+    with caplog.at_level(logging.WARNING, logger="streaming.video_encoder"):
+        payloads, _ = enc.encode(video_frame(0))
+    assert NAL_IDR in nal_types(access_unit(payloads))
+    assert enc.config.codec_name == "libx264"
+    assert any("h264_nvenc failed to open" in r.getMessage() for r in caplog.records)
+
+
+# --- aiortc integration --------------------------------------------------------------
+
+
+class PatternTrack(VideoStreamTrack):
+    """Synthetic avatar frames at aiortc's own pacing."""
+
+    async def recv(self) -> av.VideoFrame:
+        pts, time_base = await self.next_timestamp()
+        frame = av.VideoFrame.from_ndarray(pattern(pts // 3000), format="yuv420p")
+        frame.pts, frame.time_base = pts, time_base
+        return frame
+
+
+class RecordingEncoder(LipstreamH264Encoder):
+    """Our encoder, keeping what it produced so the test can read x264's options SEI."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        self.sent: list[list[bytes]] = []
+
+    def encode(
+        self, frame: av.frame.Frame, force_keyframe: bool = False
+    ) -> tuple[list[bytes], int]:
+        payloads, timestamp = super().encode(frame, force_keyframe)
+        self.sent.append(payloads)
+        return payloads, timestamp
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # aioice skips 127.0.0.1 host candidates; this sandbox has nothing else.
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+def peer() -> RTCPeerConnection:
+    return RTCPeerConnection(RTCConfiguration(iceServers=[]))
+
+
+@pytest.mark.usefixtures("loopback")
+async def test_aiortc_sends_h264_with_our_encoder() -> None:
+    server, client = peer(), peer()
+    try:
+        received: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
+        client.on("track", received.set_result)
+        client_transceiver = client.addTransceiver("video", direction="recvonly")
+        await client.setLocalDescription(await client.createOffer())
+
+        # Server, as the session will do it: addTrack, prefer H.264, then the offer.
+        sender = server.addTrack(PatternTrack())
+        transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
+        assert prefer_h264(transceiver)
+        await server.setRemoteDescription(client.localDescription)
+        await server.setLocalDescription(await server.createAnswer())
+        codec = negotiated_codec(transceiver)
+        assert codec is not None
+        assert codec.mimeType == "video/H264"
+        config = EncoderConfig.from_settings(
+            VideoSettings(preset="ultrafast"), WIDTH, HEIGHT, codec_name="libx264"
+        )
+        ours = RecordingEncoder(config)
+        assert install_encoder(sender, ours, codec)
+        await client.setRemoteDescription(server.localDescription)
+
+        track = await asyncio.wait_for(received, 20)
+        frames = [await asyncio.wait_for(track.recv(), 20) for _ in range(5)]
+
+        assert all(
+            isinstance(f, av.VideoFrame) and (f.width, f.height) == (WIDTH, HEIGHT) for f in frames
+        )
+        # The client's receiver can only decode what was negotiated: H.264 (+ RTX).
+        client_codecs = getattr(client_transceiver.receiver, RECEIVER_CODECS)
+        assert {c.mimeType for c in client_codecs.values() if c.name != "rtx"} == {"video/H264"}
+        # aiortc really encoded with our object, and x264 got our options.
+        in_use = getattr(sender, SENDER_ENCODER)
+        assert in_use is ours
+        assert isinstance(in_use, LipstreamH264Encoder)
+        assert ours.codec is not None
+        assert ours.codec.bit_rate == config.bitrate
+        options = x264_options(access_unit(ours.sent[0]))
+        assert options["subme"] == "0"  # ultrafast; aiortc's default encoder runs 7
+        assert options["keyint"] == str(config.gop)
+    finally:
+        await client.close()
+        await server.close()
+
+
+@pytest.mark.usefixtures("loopback")
+async def test_a_peer_without_h264_fails_negotiation_instead_of_getting_vp8() -> None:
+    server, client = peer(), peer()
+    try:
+        client_transceiver = client.addTransceiver("video", direction="recvonly")
+        vp8 = [c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType == "video/VP8"]
+        client_transceiver.setCodecPreferences(vp8)
+        await client.setLocalDescription(await client.createOffer())
+
+        sender = server.addTrack(PatternTrack())
+        transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
+        assert prefer_h264(transceiver)
+        with pytest.raises(OperationError):
+            await server.setRemoteDescription(client.localDescription)
+    finally:
+        await client.close()
+        await server.close()
+
+
+@pytest.mark.usefixtures("loopback")
+async def test_install_encoder_leaves_a_vp8_sender_alone() -> None:
+    server = peer()
+    try:
+        sender = server.addTrack(PatternTrack())
+        vp8 = RTCRtpCodecParameters(mimeType="video/VP8", clockRate=90_000, payloadType=97)
+        assert not install_encoder(sender, encoder(), vp8)
+        assert getattr(sender, SENDER_ENCODER) is None
+    finally:
+        await server.close()
