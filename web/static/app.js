@@ -7,6 +7,7 @@
 const ICE_GATHERING_TIMEOUT_MS = 5000;
 const CONNECT_TIMEOUT_MS = 20000;
 const STATS_INTERVAL_MS = 1000;
+const HANG_UP_TIMEOUT_MS = 5000;
 
 const EMPTY_STATS = Object.freeze({
   fps: null,
@@ -59,8 +60,9 @@ class ApiError extends Error {
 }
 
 /** fetch() a JSON API; a non-2xx answer throws ApiError with the server's message. */
-async function api(method, path, { json, body, contentType } = {}) {
+async function api(method, path, { json, body, contentType, timeoutMs } = {}) {
   const init = { method, headers: {} };
+  if (timeoutMs) init.signal = AbortSignal.timeout(timeoutMs);
   if (json !== undefined) {
     init.body = JSON.stringify(json);
     init.headers["Content-Type"] = "application/json";
@@ -286,7 +288,7 @@ async function start(withMic) {
     const answer = await api("POST", "/offer", { json: { sdp: offer.sdp, type: offer.type, avatar } });
     if (call !== current) {
       // Hung up while the server was answering: end the session it just made.
-      await api("DELETE", `/sessions/${encodeURIComponent(answer.session_id)}`);
+      await endSession(answer.session_id);
       return;
     }
     current.sessionId = answer.session_id;
@@ -304,20 +306,32 @@ async function start(withMic) {
   }
 }
 
-/** Tear the call down at once, then tell the server; rejects if the server refuses. */
+/** End a session on the server; one that has already ended is fine. */
+async function endSession(sessionId) {
+  try {
+    await api("DELETE", `/sessions/${encodeURIComponent(sessionId)}`, { timeoutMs: HANG_UP_TIMEOUT_MS });
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 404)) throw err;
+  }
+}
+
+/** End the call: the page goes idle at once; rejects if the server refuses the hang-up. */
 async function hangUp() {
   const current = call;
   if (!current) return;
   call = null;
   clearInterval(current.statsTimer);
   clearTimeout(current.connectTimer);
-  current.pc?.close();
-  for (const track of current.localStream?.getTracks() ?? []) track.stop();
   ui.video.srcObject = null;
   publishStats({ ...EMPTY_STATS });
   setCallState("idle");
-  if (current.sessionId) {
-    await api("DELETE", `/sessions/${encodeURIComponent(current.sessionId)}`);
+  try {
+    if (current.sessionId) await endSession(current.sessionId);
+  } finally {
+    // Close only after the server has answered: a closed connection makes the server end
+    // the session on its own, and the hang-up would then race it.
+    current.pc?.close();
+    for (const track of current.localStream?.getTracks() ?? []) track.stop();
   }
 }
 
@@ -363,7 +377,7 @@ async function loadAvatars() {
       showStatus("The server has no avatars: add one under avatars.root or enable the demo.", "error");
       return;
     }
-    ui.avatar.replaceChildren(...avatars.map((a) => new Option(a.name, a.id)));
+    ui.avatar.replaceChildren(...avatars.map((a) => new Option(a.name ?? a.id, a.id)));
     avatarsLoaded = true;
     setCallState("idle");
     showStatus("Pick an avatar and start a call.");
