@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90_000
 AUDIO_CHUNK_S = CHUNK_SAMPLES / OUT_RATE
+# Lateness a track makes up by sending at once; beyond it, missed slots are skipped.
+CATCH_UP_S = 0.1
 
 
 class SessionClock:
@@ -49,16 +51,23 @@ class SessionClock:
 
 
 async def _wait_for_slot(clock: SessionClock, index: int, period_s: float) -> tuple[int, int]:
-    """Sleep until slot ``index`` is due; if more than one period late, jump ahead.
+    """Sleep until slot ``index`` is due; if it is long overdue, jump to the current slot.
 
-    Returns the slot to send and how many slots were skipped.
+    A slot up to :data:`CATCH_UP_S` late is sent at once (the following ones are then
+    early again: due times are absolute, so small stalls do not accumulate); later than
+    that, the missed slots are skipped. Returns the slot to send and how many were skipped.
     """
     due = clock.due(index * period_s)
     now = time.monotonic()
     if now < due:
         await asyncio.sleep(due - now)
         return index, 0
+    if now - due <= CATCH_UP_S:
+        return index, 0
     late_slots = math.floor((now - due) / period_s)
+    if logger.isEnabledFor(logging.DEBUG):
+        late_ms = (now - due) * 1000
+        logger.debug("late by %.0f ms at slot %d: skipping %d", late_ms, index, late_slots)
     return index + late_slots, late_slots
 
 
