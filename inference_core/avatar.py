@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from inference_core.exceptions import (
+    AvatarError,
     AvatarInvalidError,
     AvatarNotFoundError,
     InvalidAvatarIdError,
@@ -212,6 +213,20 @@ class AvatarLocator:
     def load(self, avatar_id: str) -> AvatarPackage:
         """Locate and load ``avatar_id``."""
         return AvatarPackage.load(self.locate(avatar_id), avatar_id)
+
+    def display_name(self, avatar_id: str) -> str:
+        """The manifest's ``name`` (the id when the package has none or cannot be read).
+
+        Reads only the manifest's JSON, and for ``demo`` does not generate the package.
+        """
+        if self.demo and avatar_id == DEMO_AVATAR_ID and not (self.root / avatar_id).exists():
+            return "Demo avatar (procedural stand-in)"
+        try:
+            raw = json.loads((self.locate(avatar_id) / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError, AvatarError):
+            return avatar_id
+        name = raw.get("name") if isinstance(raw, dict) else None
+        return name if isinstance(name, str) and name else avatar_id
 
     def list_ids(self) -> list[str]:
         """Ids of every package under the root (manifest present), plus ``demo`` if enabled."""

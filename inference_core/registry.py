@@ -166,6 +166,11 @@ class ModelRegistry:
 
     # -- registration ---------------------------------------------------------------
 
+    @property
+    def locator(self) -> AvatarLocator:
+        """Where the registered avatars' packages are found."""
+        return self._locator
+
     def register_all(self) -> int:
         """Register every avatar under the root (and ``demo``) and every configured id.
 

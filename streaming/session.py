@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 FEATURE_RATE = 16_000
 MAX_FRAMES_IN_FLIGHT = 8
+STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
 
 
 @dataclass
@@ -137,6 +138,22 @@ class Session:
         name = f"inbound-{track.kind}-{self.session_id[:8]}"
         self._spawn(self._consume(track), name)
 
+    def watch_connection(self, timeout_s: float) -> None:
+        """End the session if ICE has not connected within ``timeout_s``."""
+
+        async def watchdog() -> None:
+            await asyncio.sleep(timeout_s)
+            if self.pc.connectionState != "connected":
+                logger.info(
+                    "session not connected after %.0f s: session=%s state=%s",
+                    timeout_s,
+                    self.session_id,
+                    self.pc.connectionState,
+                )
+                await self.close("ICE timeout")
+
+        self._spawn(watchdog(), f"ice-watchdog-{self.session_id[:8]}")
+
     def preload_frames(self) -> None:
         """Decode the avatar's background frames into the cache while ICE connects."""
 
@@ -203,10 +220,21 @@ class Session:
             index = self._chunks_made
             self._chunks_made += 1
             self._outbound[index] = chunk
+            self._prune(index)
             pcm_16k = self._to_features.push(chunk)
             ready = await loop.run_in_executor(self._executor, self._features.push, pcm_16k)
             for item in ready:
                 self._on_features(item)
+
+    def _prune(self, chunk_index: int) -> None:
+        """Bound the send buffers even if a track is never pulled (not negotiated)."""
+        keep_chunks = round(self.delay_s / AUDIO_CHUNK_S) + STALE_SLOTS
+        oldest_chunk = chunk_index - keep_chunks
+        for stale in [i for i in self._outbound if i < oldest_chunk]:
+            del self._outbound[stale]
+        oldest_frame = int(oldest_chunk * AUDIO_CHUNK_S * self.fps)
+        for stale in [i for i in self._ready if i < oldest_frame]:
+            del self._ready[stale]
 
     def _on_features(self, item: FrameAudio) -> None:
         level = item.level_db if item.index > self._silent_until else -120.0
@@ -320,7 +348,8 @@ class Session:
             return
         self._closed = True
         self.state = "closed"
-        tasks = [*self._tasks, *self._pending.values()]
+        current = asyncio.current_task()  # close() may be called from one of our tasks
+        tasks = [t for t in (*self._tasks, *self._pending.values()) if t is not current]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -367,6 +396,7 @@ class Session:
             "lookahead_ms": self.lookahead_ms,
             "added_delay_ms": {"p50": round(p50, 1), "p95": round(p95, 1)},
             "queued_audio_s": round(self.queued_audio_s, 2),
+            "buffered": {"audio_chunks": len(self._outbound), "frames": len(self._ready)},
             "remote": self.remote,
         }
 

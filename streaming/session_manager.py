@@ -110,11 +110,16 @@ class SessionManager:
             on_closed=self._forget,
         )
         try:
+            # Send only what the offer has a section for (aiortc cannot answer an extra one).
+            lines = sdp.lower().splitlines()
+            if not any(line.startswith("m=video") for line in lines):
+                raise OfferError("the offer has no video section: add a recvonly video transceiver")
             video_sender = pc.addTrack(session.video)
-            pc.addTrack(session.audio)
+            if any(line.startswith("m=audio") for line in lines):
+                pc.addTrack(session.audio)
             video_transceiver = next(t for t in pc.getTransceivers() if t.sender is video_sender)
             # H.264 when the caller can decode it; otherwise aiortc negotiates VP8.
-            if "h264/90000" in sdp.lower():
+            if any("h264/90000" in line for line in lines):
                 prefer_h264(video_transceiver)
 
             @pc.on("track")
@@ -143,6 +148,7 @@ class SessionManager:
                 encoder = self.encoders.create(w, h, package.manifest.fps)
                 install_encoder(video_sender, encoder, negotiated)
             session.preload_frames()
+            session.watch_connection(self.settings.session.ice_timeout_s)
         except BaseException:
             await session.close("offer failed")
             raise

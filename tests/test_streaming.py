@@ -117,6 +117,10 @@ async def test_call_lip_syncs_microphone_speech_at_25_fps(
         loud = [e for pts, e in energy.items() if start + slack < pts / 48_000 < end - slack]
         quiet = [e for pts, e in energy.items() if 0.2 < pts / 48_000 < start - slack]
         assert np.mean(loud) > 10 * max(np.mean(quiet), 1e-4)
+        # Lips and sound in sync: the mouth opens when the returned speech starts.
+        audio_onset = min(pts for pts, e in energy.items() if e > 0.02) / 48_000
+        video_onset = min(i for i, d in diffs.items() if d > 8) / FPS
+        assert abs(video_onset - audio_onset) <= 0.08, (audio_onset, video_onset)
     finally:
         await caller.hang_up()
     sessions = client.app[SESSIONS]  # type: ignore[index]
@@ -167,6 +171,34 @@ async def test_say_audio_push_and_interrupt(
         assert max(mouth(pts) for pts in tail) < 4
     finally:
         await caller.hang_up()
+
+
+async def test_unanswered_call_times_out_and_unused_tracks_stay_bounded(
+    tmp_path: Path, loopback: None
+) -> None:
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path), "data_dir": str(tmp_path / "data")},
+            "session": {"ice_timeout_s": 1.0},
+        }
+    )
+    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:
+        ghost = Caller(client)
+        await ghost.connect_without_answer()
+        video_only = Caller(client)
+        video_only.audio = False
+        await video_only.connect(microphone=None)
+        await asyncio.sleep(2.5)
+        sessions = client.app[SESSIONS]  # type: ignore[index]
+        assert [s.session_id for s in sessions.sessions] == [video_only.session_id]
+        state = await (await client.get(f"/sessions/{video_only.session_id}")).json()
+        # No audio track was negotiated: its chunks must not pile up.
+        assert state["buffered"]["audio_chunks"] <= 80
+        assert video_only.fps_since(1.0) > 15
+        await ghost.close()
+        await video_only.hang_up()
+        names = await (await client.get("/avatars")).json()
+        assert names == {"avatars": [{"id": "demo", "name": "Demo avatar (procedural stand-in)"}]}
 
 
 async def test_bad_requests_to_sessions(client: TestClient[object, object]) -> None:

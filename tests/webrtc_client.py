@@ -41,13 +41,25 @@ class Caller:
         self.player: MediaPlayer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.keep_luma = True
+        self.audio = True  # offer to receive audio
         self._first_pts: dict[str, int] = {}
+
+    async def connect_without_answer(self) -> None:
+        """Send an offer but never apply the answer: ICE can never connect."""
+        self.pc.addTransceiver("video", direction="recvonly")
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        local = self.pc.localDescription
+        response = await self.client.post(
+            "/offer", json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar}
+        )
+        assert response.status == 200, await response.text()
+        self.session_id = (await response.json())["session_id"]
 
     async def connect(self, microphone: Path | None = None) -> None:
         if microphone is not None:
             self.player = MediaPlayer(str(microphone))
             self.pc.addTrack(self.player.audio)
-        else:
+        elif self.audio:
             self.pc.addTransceiver("audio", direction="recvonly")
         self.pc.addTransceiver("video", direction="recvonly")
 

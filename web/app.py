@@ -17,7 +17,7 @@ from inference_core.avatar import AvatarLocator
 from inference_core.core import InferenceCore
 from streaming.session_manager import SessionManager
 from streaming.tts import build_tts_engine
-from web.app_keys import CORE, SESSIONS, SETTINGS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
 from web.errors import error_middleware
 from web.infer_api import infer
 from web.signalling import add_routes
@@ -31,6 +31,7 @@ def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.A
     """Build the application; ``core`` lets tests pass a pre-built inference core."""
     app = web.Application(middlewares=[error_middleware])
     app[SETTINGS] = settings
+    app[AVATAR_NAMES] = {}
 
     async def inference_core(app: web.Application) -> AsyncIterator[None]:
         a = settings.avatars

@@ -13,3 +13,5 @@ SETTINGS = web.AppKey("settings", Settings)
 CORE = web.AppKey("core", InferenceCore)
 SESSIONS = web.AppKey("sessions", SessionManager)
 TTS = web.AppKey("tts", TtsEngine)
+# Display names by avatar id; at most one entry per registered avatar.
+AVATAR_NAMES = web.AppKey("avatar_names", dict[str, str])

@@ -21,7 +21,7 @@ from aiohttp import web
 from inference_core.avatar import check_avatar_id
 from streaming.audio_push import AudioLimits, decode_pushed_audio
 from streaming.tts import check_text, check_voice
-from web.app_keys import CORE, SESSIONS, SETTINGS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
 
 
@@ -133,9 +133,15 @@ async def interrupt(request: web.Request) -> web.Response:
 
 
 async def avatars(request: web.Request) -> web.Response:
-    """Avatars a client may ask for (ids only: manifests are read when used)."""
-    ids = request.app[CORE].registry.ids()
-    return web.json_response({"avatars": [{"id": avatar_id} for avatar_id in sorted(ids)]})
+    """Avatars a client may ask for, with their display names (read once, then cached)."""
+    names = request.app[AVATAR_NAMES]
+    ids = sorted(request.app[CORE].registry.ids())
+    missing = [avatar_id for avatar_id in ids if avatar_id not in names]
+    if missing:
+        locator = request.app[CORE].registry.locator
+        found = await asyncio.to_thread(lambda: {i: locator.display_name(i) for i in missing})
+        names.update(found)
+    return web.json_response({"avatars": [{"id": i, "name": names[i]} for i in ids]})
 
 
 async def webrtc_config(request: web.Request) -> web.Response:
