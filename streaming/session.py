@@ -129,6 +129,7 @@ class Session:
         self._silent_until = -1  # frames up to here were cut by an interrupt
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.end_reason: str | None = None
         self.last_audio_at = time.monotonic()
 
     # -- inputs ---------------------------------------------------------------------
@@ -348,6 +349,7 @@ class Session:
             return
         self._closed = True
         self.state = "closed"
+        self.end_reason = reason
         current = asyncio.current_task()  # close() may be called from one of our tasks
         tasks = [t for t in (*self._tasks, *self._pending.values()) if t is not current]
         for task in tasks:

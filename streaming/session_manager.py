@@ -11,6 +11,7 @@ import asyncio
 import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
@@ -43,6 +44,20 @@ def ice_configuration(settings: Settings) -> RTCConfiguration:
     return RTCConfiguration(iceServers=servers)
 
 
+@dataclass
+class SessionCounters:
+    """Totals since start-up (live sessions' frames are added when they end)."""
+
+    started: int = 0
+    ended: int = 0
+    rejected: int = 0  # refused at capacity or while shutting down
+    failed: int = 0  # offers that could not be answered
+    frames_sent: int = 0
+    frames_inferred: int = 0
+    frames_dropped: dict[str, int] = field(default_factory=dict)
+    ended_by_reason: dict[str, int] = field(default_factory=dict)
+
+
 class SessionManager:
     """All live sessions of the server."""
 
@@ -56,6 +71,26 @@ class SessionManager:
         self._audio_encoders: dict[str, AudioEncoder | None] = {}
         self._creating = 0
         self._closing = False
+        self.counters = SessionCounters()
+
+    def totals(self) -> SessionCounters:
+        """Counters including the live sessions' frames so far."""
+        live = self.sessions
+        dropped = dict(self.counters.frames_dropped)
+        for session in live:
+            for reason, count in session.stats.frames_dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + count
+        return SessionCounters(
+            started=self.counters.started,
+            ended=self.counters.ended,
+            rejected=self.counters.rejected,
+            failed=self.counters.failed,
+            frames_sent=self.counters.frames_sent + sum(s.video.frames_sent for s in live),
+            frames_inferred=self.counters.frames_inferred
+            + sum(s.stats.frames_inferred for s in live),
+            frames_dropped=dropped,
+            ended_by_reason=dict(self.counters.ended_by_reason),
+        )
 
     @property
     def sessions(self) -> list[Session]:
@@ -74,8 +109,10 @@ class SessionManager:
         ``OfferError`` for offers aiortc cannot take.
         """
         if self._closing:
+            self.counters.rejected += 1
             raise SessionLimitError("the server is shutting down")
         if len(self._sessions) + self._creating >= self.settings.server.max_sessions:
+            self.counters.rejected += 1
             raise SessionLimitError(
                 f"the server is at its limit of {self.settings.server.max_sessions} sessions; "
                 "try again later"
@@ -86,10 +123,13 @@ class SessionManager:
         try:
             model = await self.core.open(avatar_id)
             try:
-                return await self._answer(model, sdp, remote)
+                session = await self._answer(model, sdp, remote)
             except BaseException:
                 model.close()
+                self.counters.failed += 1
                 raise
+            self.counters.started += 1
+            return session
         finally:
             self._creating -= 1
 
@@ -174,7 +214,16 @@ class SessionManager:
         return self._audio_encoders[avatar_id]
 
     def _forget(self, session: Session) -> None:
-        self._sessions.pop(session.session_id, None)
+        if self._sessions.pop(session.session_id, None) is None:
+            return  # never went live (the offer failed)
+        c = self.counters
+        c.ended += 1
+        c.frames_sent += session.video.frames_sent
+        c.frames_inferred += session.stats.frames_inferred
+        for reason, count in session.stats.frames_dropped.items():
+            c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
+        reason = session.end_reason or "unknown"
+        c.ended_by_reason[reason] = c.ended_by_reason.get(reason, 0) + 1
 
     async def close(self, session_id: str, reason: str = "hung up") -> None:
         await self.get(session_id).close(reason)
