@@ -24,18 +24,18 @@ Json = dict[str, Any]
 
 SECURITY_SCHEME = "adminToken"
 
-# (status, shared response name, what it means, Retry-After: "always", "sometimes" or None)
+# (status, shared response name, what it means, the header it carries, if any)
 _ERROR_STATUSES: tuple[tuple[int, str, str, str | None], ...] = (
     (400, "BadRequest", "The request is malformed or names something invalid.", None),
-    (401, "Unauthorized", "A bearer token is configured and the request lacks it.", None),
+    (401, "Unauthorized", "The bearer token is missing or wrong.", "WWW-Authenticate"),
     (403, "Forbidden", "The request is not allowed from where it came.", None),
     (404, "NotFound", "No such session, model or file.", None),
     (409, "Conflict", "The resource is in a state that forbids the request.", None),
     (413, "PayloadTooLarge", "The body is over a limit.", None),
-    (429, "TooManyRequests", "Too much is queued; retry after `Retry-After` seconds.", "always"),
+    (429, "TooManyRequests", "Too much is queued; retry later.", "Retry-After"),
     (500, "InternalError", "The server failed; details are in its log.", None),
     (502, "BadGateway", "An upstream service (the text-to-speech engine) failed.", None),
-    (503, "ServiceUnavailable", "The server is at capacity or stopping.", "sometimes"),
+    (503, "ServiceUnavailable", "The server is at capacity or stopping.", "Retry-After?"),
     (504, "GatewayTimeout", "The work did not finish before its deadline.", None),
 )
 
@@ -52,11 +52,15 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("bad_body_size", "the body is not exactly the size `batch_size` needs"),
     ("bad_values", "the inputs hold NaN or infinity"),
     ("bad_input", "the tensors do not fit the model"),
-    ("unauthorized", "no or a wrong bearer token"),
-    ("forbidden", "not allowed from this address, or a directory was asked for"),
+    ("unauthorized", "a token is configured and the request has no or a wrong bearer token"),
+    (
+        "forbidden",
+        "no token is configured and the request is not from loopback, or came "
+        "through a proxy (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`); for files: a directory",
+    ),
     ("session_not_found", "no live session has this id"),
     ("model_not_found", "no avatar/model with this id"),
-    ("not_found", "no such file"),
+    ("bad_device", "`device` is not the index of one of the server's devices"),
     ("model_in_use", "live sessions hold the model"),
     ("body_too_large", "the body is over its limit"),
     ("audio_too_large", "the decoded audio is longer than one push may carry"),
@@ -73,8 +77,8 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("no_capacity", "no device has room for the model"),
     ("queue_full", "the device's queue is full"),
     ("shutting_down", "the inference core is stopping"),
-    ("not_ready", "the server is not ready to take work"),
     ("deadline_exceeded", "the batch missed its deadline (`server.request_timeout_s`)"),
+    ("load_timeout", "still loading after `registry.load_timeout_s`; it goes on loading"),
 )
 
 # Errors any model open can raise (sessions, raw inference, admin load).
@@ -83,10 +87,13 @@ _MODEL_OPEN_503 = ("out_of_memory", "no_capacity", "shutting_down")
 _JSON_BODY_400 = ("bad_json", "bad_field")
 
 ADMIN_AUTH = (
-    "Admin routes take `Authorization: Bearer <token>` when `server.admin_token` is set: "
-    "without it, or with a wrong one, they answer 401. With no token configured they "
-    "answer only requests from the loopback interface (127.0.0.1, ::1) and 403 to any "
-    "other address, so an admin API is never open to the network by default."
+    "With `server.admin_token` set, every admin JSON route needs "
+    "`Authorization: Bearer <token>` and answers 401 (`WWW-Authenticate: Bearer`) without it "
+    "or with a wrong one. With no token configured (the default), admin routes answer only "
+    "requests from a loopback peer (127.0.0.0/8, ::1) that carry no proxy header "
+    "(`Forwarded`, `X-Forwarded-For`, `X-Real-IP`: a reverse proxy on the same host would "
+    "otherwise pass remote clients off as local), and 403 to anything else. The admin "
+    "page (`GET /admin`) needs no token, only the loopback rule when no token is set."
 )
 
 
@@ -275,6 +282,20 @@ def _session_schemas() -> Json:
                     "type": ["string", "null"],
                     "description": "The caller's address as the server saw it.",
                 },
+                "output_fps": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "Video frames sent per second over about the last 5 s.",
+                },
+                "av_offset_ms": {
+                    "type": ["number", "null"],
+                    "description": "Next audio chunk's time minus next video frame's time "
+                    "(about 0); null before media flows or without an audio track.",
+                },
+                "bitrate_bps": {
+                    "type": ["integer", "null"],
+                    "description": "The video encoder's target bitrate, once it exists.",
+                },
             }
         ),
         "HungUp": _obj({"session_id": session_id, "state": {"type": "string", "enum": ["closed"]}}),
@@ -342,21 +363,145 @@ def _session_schemas() -> Json:
 
 
 def _admin_schemas() -> Json:
+    count = {"type": "integer", "minimum": 0}
+    number = {"type": "number", "minimum": 0}
+    when = {"type": ["string", "null"], "format": "date-time", "description": "UTC."}
     return {
-        "AdminModels": {"type": "object"},
-        "AdminModel": {"type": "object"},
-        "AdminStats": {"type": "object"},
-        "AdminSessions": {"type": "object"},
-        "LoadRequest": _obj(
-            {"device": {"type": ["integer", "null"], "minimum": 0}}, required=(), closed=False
+        "Model": _obj(
+            {
+                "id": _avatar_id("The model's avatar id."),
+                "state": {"type": "string", "enum": ["registered", "loading", "loaded", "failed"]},
+                "device": {"type": ["string", "null"], "description": "Where it is loaded."},
+                "memory_bytes": count,
+                "usage_count": count,
+                "frames": count,
+                "total_inference_ms": number,
+                "mean_inference_ms": number,
+                "last_used": when,
+                "loaded_at": when,
+                "load_seconds": {"type": ["number", "null"], "minimum": 0},
+                "last_error": {"type": ["string", "null"]},
+                "refcount": {**count, "description": "Sessions and requests holding it."},
+            }
         ),
+        "Models": _obj({"models": {"type": "array", "items": _ref("Model")}}),
+        "LoadRequest": _obj(
+            {
+                "device": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "description": "Device index (see `GET /admin/stats`); default: placement "
+                    "by `registry.assignment`.",
+                }
+            },
+            required=(),
+            closed=False,
+            description="Optional: an empty body loads where placement puts the model.",
+        ),
+        "Device": _obj(
+            {
+                "name": {"type": "string", "description": "e.g. `cuda:0`, `cpu:0`."},
+                "kind": {"type": "string", "enum": ["cpu", "cuda"]},
+                "models_loaded": count,
+                "memory_used_bytes": {**count, "description": "Measured memory of its models."},
+                "memory_total_bytes": {"type": ["integer", "null"], "minimum": 0},
+                "queue_depth": count,
+                "batches": count,
+                "frames": count,
+                "busy_fraction": {"type": "number", "minimum": 0},
+                "mean_batch_size": number,
+                "expired": {**count, "description": "Frames dropped at their deadline."},
+                "rejected": {**count, "description": "Frames refused by a full queue."},
+                "workers": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "name": {"type": "string"},
+                            "batches": count,
+                            "frames": count,
+                            "busy_seconds": number,
+                        }
+                    ),
+                },
+            }
+        ),
+        "Stats": _obj(
+            {
+                "models": {"type": "array", "items": _ref("Model")},
+                "devices": {"type": "array", "items": _ref("Device")},
+                "cache": _obj(
+                    {
+                        "hits": count,
+                        "misses": count,
+                        "hit_rate": {"type": "number", "minimum": 0, "maximum": 1},
+                        "evictions": count,
+                        "bytes": count,
+                        "max_bytes": count,
+                        "entries": count,
+                    },
+                    description="The background-frame cache.",
+                ),
+                "global": _obj(
+                    {
+                        "models_registered": count,
+                        "models_loaded": count,
+                        "live_sessions": count,
+                        "sessions_started": count,
+                        "sessions_ended": count,
+                        "sessions_rejected": count,
+                        "frames_served": count,
+                        "frames_dropped": _counts("Frames not served, by reason."),
+                        "evictions": _counts("Model evictions: `capacity`, `idle`, `admin`."),
+                        "uptime_s": number,
+                        "version": {"type": "string"},
+                    }
+                ),
+            }
+        ),
+        "SessionInfo": _obj(
+            {
+                "id": {"type": "string", "description": "The session id."},
+                "avatar": _avatar_id("The avatar this session shows."),
+                "state": {"type": "string", "enum": ["new", "connected", "streaming", "closed"]},
+                "uptime_s": number,
+                "output_fps": number,
+                "added_delay_ms": _obj({"p50": {"type": "number"}, "p95": {"type": "number"}}),
+                "av_offset_ms": {"type": ["number", "null"]},
+                "frames_dropped": _counts("Frames shown idle instead of lip-synced, by reason."),
+                "bitrate_bps": {"type": ["integer", "null"]},
+                "remote": {"type": ["string", "null"]},
+            }
+        ),
+        "Sessions": _obj({"sessions": {"type": "array", "items": _ref("SessionInfo")}}),
     }
 
 
 def _health_schemas() -> Json:
+    reasons = {"type": "array", "items": {"type": "string"}, "minItems": 1}
     return {
-        "Health": {"type": "object"},
-        "Ready": {"type": "object"},
+        "Health": _obj({"status": {"type": "string", "enum": ["ok"]}}),
+        "Ready": _obj(
+            {
+                "ready": {"type": "boolean", "const": True},
+                "avatar_root": {
+                    "type": "string",
+                    "description": "`readable`, or `absent (demo avatar only)`.",
+                },
+                "devices": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Devices with running inference workers.",
+                },
+                "draining": {"type": "boolean", "const": False},
+            }
+        ),
+        "NotReady": _obj(
+            {
+                "ready": {"type": "boolean", "const": False},
+                "reasons": {**reasons, "description": "Every reason, for people."},
+            },
+            description="Not the `Error` shape: a probe reads the status, a person the reasons.",
+        ),
     }
 
 
@@ -383,19 +528,24 @@ def _schemas() -> Json:
     }
 
 
+def _header(name: str) -> Json:
+    """A response header; a trailing ``?`` marks one sent only with some error codes."""
+    if name.startswith("WWW-Authenticate"):
+        return {"required": True, "schema": {"type": "string", "enum": ["Bearer"]}}
+    return {
+        "required": not name.endswith("?"),
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "Seconds to wait before retrying"
+        + ("; sent with the capacity errors." if name.endswith("?") else "."),
+    }
+
+
 def _responses() -> Json:
     responses: Json = {}
-    for status, name, description, retry_after in _ERROR_STATUSES:
+    for status, name, description, header in _ERROR_STATUSES:
         response = _response(f"{status}: {description}", _ref("Error"))
-        if retry_after is not None:
-            response["headers"] = {
-                "Retry-After": {
-                    "required": retry_after == "always",
-                    "schema": {"type": "integer", "minimum": 0},
-                    "description": "Seconds to wait before retrying"
-                    + ("." if retry_after == "always" else "; sent with capacity errors."),
-                }
-            }
+        if header is not None:
+            response["headers"] = {header.rstrip("?"): _header(header)}
         responses[name] = response
     return responses
 
@@ -616,16 +766,24 @@ def _admin_paths() -> Json:
                 "admin_page",
                 "admin",
                 "The admin page",
-                {"200": {"description": "HTML.", "content": {"text/html": {}}}},
-                admin=True,
+                {
+                    "200": {
+                        "description": "HTML; its data comes from the JSON routes.",
+                        "content": {"text/html": {}},
+                    }
+                },
+                description="Served without a token even when one is configured (a browser "
+                "navigation cannot send one; the page asks for it and sends it with every "
+                "JSON call). With no token configured, the loopback rule applies.",
+                errors={403: ("forbidden",)},
             )
         },
         "/admin/models": {
             "get": _op(
                 "list_models",
                 "admin",
-                "Every registered model: loaded or not, where, and its counters",
-                {"200": _response("The models.", _ref("AdminModels"))},
+                "Every registered model, loaded or not",
+                {"200": _response("The models.", _ref("Models"))},
                 admin=True,
             )
         },
@@ -634,14 +792,16 @@ def _admin_paths() -> Json:
             "post": _op(
                 "load_model",
                 "admin",
-                "Load a model (no-op when loaded)",
-                {"200": _response("Loaded.", _ref("AdminModel"))},
+                "Load a model now and wait for it (a loaded model stays where it is)",
+                {"200": _response("Loaded.", _ref("Model"))},
                 body={"required": False, "content": _json(_ref("LoadRequest"))},
                 errors={
-                    400: (*_JSON_BODY_400, "invalid_model_id"),
+                    400: ("invalid_model_id", "bad_json", "bad_device"),
                     404: ("model_not_found",),
+                    413: ("body_too_large",),
                     500: _MODEL_OPEN_500,
                     503: _MODEL_OPEN_503,
+                    504: ("load_timeout",),
                 },
                 admin=True,
             ),
@@ -651,8 +811,8 @@ def _admin_paths() -> Json:
             "post": _op(
                 "unload_model",
                 "admin",
-                "Unload a model now",
-                {"200": _response("Unloaded.", _ref("AdminModel"))},
+                "Unload a model now (a no-op when it is not loaded)",
+                {"200": _response("Unloaded.", _ref("Model"))},
                 errors={
                     400: ("invalid_model_id",),
                     404: ("model_not_found",),
@@ -665,8 +825,8 @@ def _admin_paths() -> Json:
             "get": _op(
                 "stats",
                 "admin",
-                "Server-wide counters",
-                {"200": _response("The counters.", _ref("AdminStats"))},
+                "Models, devices, the background cache and server-wide totals",
+                {"200": _response("One snapshot.", _ref("Stats"))},
                 admin=True,
             )
         },
@@ -675,7 +835,7 @@ def _admin_paths() -> Json:
                 "list_sessions",
                 "admin",
                 "Every live session",
-                {"200": _response("The sessions.", _ref("AdminSessions"))},
+                {"200": _response("The sessions.", _ref("Sessions"))},
                 admin=True,
             )
         },
@@ -710,8 +870,13 @@ def _service_paths() -> Json:
                 "Readiness: the server takes new sessions and inference",
                 {
                     "200": _response("Ready.", _ref("Ready")),
-                    "503": _response("Not ready.", _ref("Ready")),
+                    "503": _response(
+                        "Not ready: the avatar root is unusable, a device has no running "
+                        "workers, or the server is draining (shutting down).",
+                        _ref("NotReady"),
+                    ),
                 },
+                description="For load balancers; needs no admin access.",
             )
         },
         "/metrics": {
@@ -748,7 +913,20 @@ def _service_paths() -> Json:
                 "static_file",
                 "service",
                 "Files of the demo page",
-                _file_responses("*/*", "The file, typed by its extension."),
+                {
+                    **_file_responses("*/*", "The file, typed by its extension."),
+                    "404": {
+                        "description": "No such file. A name that does not exist gets an "
+                        "empty body (aiohttp answers after the error middleware); a path "
+                        "outside the directory gets the JSON error `not_found`.",
+                        "content": {
+                            "application/octet-stream": {
+                                "schema": {"type": "string", "maxLength": 0}
+                            },
+                            "application/json": {"schema": _ref("Error")},
+                        },
+                    },
+                },
                 parameters=(
                     {
                         "name": "filename",
@@ -757,7 +935,7 @@ def _service_paths() -> Json:
                         "schema": {"type": "string"},
                     },
                 ),
-                errors={403: ("forbidden",), 404: ("not_found",)},
+                errors={403: ("forbidden",)},
             )
         },
     }
