@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import av
 import numpy as np
@@ -41,6 +42,7 @@ from streaming.audio_mixer import CHUNK_SAMPLES, OUT_RATE, AudioMixer
 from streaming.frame_pipeline import FramePipeline
 from streaming.media_tracks import AUDIO_CHUNK_S, AvatarAudioTrack, AvatarVideoTrack, SessionClock
 from streaming.resample import MonoResampler, resample_mono
+from streaming.video_encoder import _SENDER_ENCODER_ATTR as SENDER_ENCODER_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +70,70 @@ class SessionStats:
         return float(np.percentile(values, 50)), float(np.percentile(values, 95))
 
 
+class AddedDelay(TypedDict):
+    p50: float
+    p95: float
+
+
+class BufferedMedia(TypedDict):
+    audio_chunks: int
+    frames: int
+
+
+class SessionSummary(TypedDict):
+    """What :meth:`Session.summary` reports (``GET /sessions/{id}``, the admin API)."""
+
+    session_id: str
+    avatar: str
+    state: str
+    uptime_s: float
+    frames_sent: int
+    frames_inferred: int
+    frames_skipped: int
+    frames_dropped: dict[str, int]
+    delay_ms: float
+    lookahead_ms: float
+    added_delay_ms: AddedDelay
+    queued_audio_s: float
+    buffered: BufferedMedia
+    remote: str | None
+    output_fps: float  # video frames sent per second, over about the last 5 s
+    av_offset_ms: float | None  # next audio chunk's time - next video frame's time
+    bitrate_bps: int | None  # the video encoder's target bitrate, once it exists
+
+
+class RecentRate:
+    """Events per second over roughly the last ``window_s``, from a running total.
+
+    Sampled when read, so the hot path pays nothing: the rate is measured from the
+    newest sample at least ``window_s`` old (or the oldest one kept) to now. Until two
+    reads are ``min_span_s`` apart, it is the average since ``start``.
+    """
+
+    def __init__(self, window_s: float = 5.0, min_span_s: float = 0.5) -> None:
+        self._window_s = window_s
+        self._min_span_s = min_span_s
+        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
+
+    def update(self, now: float, total: int, start: float | None) -> float:
+        samples = self._samples
+        while len(samples) > 1 and now - samples[1][0] >= self._window_s:
+            samples.popleft()
+        base = samples[0] if samples else None
+        samples.append((now, total))
+        if base is not None and now - base[0] >= self._min_span_s:
+            return (total - base[1]) / (now - base[0])
+        if start is None or now <= start:
+            return 0.0
+        return total / (now - start)
+
+
 class Session:
-    """Owns a peer connection, its tracks and tasks, and a held model."""
+    """Owns a peer connection, its tracks and tasks, and a held model.
+
+    ``on_closed`` is called once the session ended; ``on_frame_ready(delay_s)`` for every
+    inferred frame, with the time from its audio being complete to it being composed.
+    """
 
     def __init__(
         self,
@@ -83,6 +147,7 @@ class Session:
         *,
         remote: str | None = None,
         on_closed: Callable[[Session], None] | None = None,
+        on_frame_ready: Callable[[float], None] | None = None,
     ) -> None:
         package = model.package
         spec = package.manifest.adapter
@@ -104,6 +169,7 @@ class Session:
         self.state = "new"
         self._executor = executor
         self._on_closed = on_closed
+        self._on_frame_ready = on_frame_ready
         self._pipeline = FramePipeline(package, frames)
         self._features = AudioFeatureStream(
             encoder,
@@ -131,6 +197,7 @@ class Session:
         self._closed = False
         self.end_reason: str | None = None
         self.last_audio_at = time.monotonic()
+        self._output_rate = RecentRate()
 
     # -- inputs ---------------------------------------------------------------------
 
@@ -283,7 +350,10 @@ class Session:
             return
         self._ready[index] = frame
         self.stats.frames_inferred += 1
-        self.stats.processing_ms.append((time.monotonic() - audio_complete) * 1000)
+        delay_s = time.monotonic() - audio_complete
+        self.stats.processing_ms.append(delay_s * 1000)
+        if self._on_frame_ready is not None:
+            self._on_frame_ready(delay_s)
 
     async def _frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""
@@ -360,7 +430,7 @@ class Session:
         try:
             await self.pc.close()
         except Exception:  # aiortc can raise from close on a half-set-up connection
-            logger.warning("closing the peer connection failed: session=%s", self.session_id)
+            logger.warning("closing the peer connection failed: session=%s", self.session_id, exc_info=True)
         self.model.close()
         p50, p95 = self.stats.processing_percentiles()
         logger.info(
@@ -382,9 +452,10 @@ class Session:
         if self._on_closed is not None:
             self._on_closed(self)
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> SessionSummary:
         """JSON-friendly state for the API."""
         p50, p95 = self.stats.processing_percentiles()
+        fps = self._output_rate.update(time.monotonic(), self.video.frames_sent, self._clock.start)
         return {
             "session_id": self.session_id,
             "avatar": self.avatar_id,
@@ -400,5 +471,29 @@ class Session:
             "queued_audio_s": round(self.queued_audio_s, 2),
             "buffered": {"audio_chunks": len(self._outbound), "frames": len(self._ready)},
             "remote": self.remote,
+            "output_fps": round(fps, 2),
+            "av_offset_ms": self._av_offset_ms(),
+            "bitrate_bps": self._bitrate_bps(),
         }
 
+    def _av_offset_ms(self) -> float | None:
+        """Where audio is on the session timeline minus where video is (≈0 by design).
+
+        Both tracks send media for timeline time t at start + delay + t, so their next
+        slots differ by less than one video frame. None before media or without audio.
+        """
+        if self._clock.start is None or not any(
+            sender.track is self.audio for sender in self.pc.getSenders()
+        ):
+            return None
+        audio_s = self.audio._next * AUDIO_CHUNK_S  # the next chunk the track sends
+        video_s = self.video.next_index / self.fps
+        return round((audio_s - video_s) * 1000, 1)
+
+    def _bitrate_bps(self) -> int | None:
+        for sender in self.pc.getSenders():
+            if sender.track is self.video:
+                encoder = getattr(sender, SENDER_ENCODER_ATTR, None)
+                rate = getattr(encoder, "target_bitrate", None)
+                return rate if isinstance(rate, int) else None
+        return None

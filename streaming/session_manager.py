@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from config.settings import Settings
 from inference_core.audio_encoder import AudioEncoder
 from inference_core.core import InferenceCore, ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
+from streaming.offer_check import OfferInfo
 from streaming.session import Session
 from streaming.video_encoder import (
     EncoderFactory,
@@ -59,11 +61,22 @@ class SessionCounters:
 
 
 class SessionManager:
-    """All live sessions of the server."""
+    """All live sessions of the server.
 
-    def __init__(self, settings: Settings, core: InferenceCore) -> None:
+    ``on_frame_ready`` is handed to every session created while it is set (an observer
+    may set it after construction): see :class:`Session`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        core: InferenceCore,
+        *,
+        on_frame_ready: Callable[[float], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.core = core
+        self.on_frame_ready = on_frame_ready
         self.cache = BackgroundCache(settings.cache.background_cache_bytes)
         self.encoders = EncoderFactory(settings.video)
         self.executor = ThreadPoolExecutor(thread_name_prefix="lipstream-compose")
@@ -102,8 +115,10 @@ class SessionManager:
             raise SessionNotFoundError(f"no live session {session_id[:64]!r}")
         return session
 
-    async def create(self, sdp: str, sdp_type: str, avatar_id: str, remote: str | None) -> Session:
-        """Answer an offer for ``avatar_id``; the session is live once ICE connects.
+    async def create(
+        self, sdp: str, offer: OfferInfo, avatar_id: str, remote: str | None
+    ) -> Session:
+        """Answer a checked offer for ``avatar_id``; the session is live once ICE connects.
 
         Raises ``SessionLimitError`` at capacity, avatar errors for unknown ids,
         ``OfferError`` for offers aiortc cannot take.
@@ -117,13 +132,11 @@ class SessionManager:
                 f"the server is at its limit of {self.settings.server.max_sessions} sessions; "
                 "try again later"
             )
-        if sdp_type != "offer":
-            raise OfferError(f"type must be 'offer', got {sdp_type[:20]!r}")
         self._creating += 1
         try:
             model = await self.core.open(avatar_id)
             try:
-                session = await self._answer(model, sdp, remote)
+                session = await self._answer(model, sdp, offer, remote)
             except BaseException:
                 model.close()
                 self.counters.failed += 1
@@ -133,7 +146,9 @@ class SessionManager:
         finally:
             self._creating -= 1
 
-    async def _answer(self, model: ModelHandle, sdp: str, remote: str | None) -> Session:
+    async def _answer(
+        self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None
+    ) -> Session:
         package = model.package
         audio_encoder = await self._audio_encoder(package.avatar_id, model)
         frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
@@ -148,18 +163,16 @@ class SessionManager:
             self.executor,
             remote=remote,
             on_closed=self._forget,
+            on_frame_ready=self.on_frame_ready,
         )
         try:
             # Send only what the offer has a section for (aiortc cannot answer an extra one).
-            lines = sdp.lower().splitlines()
-            if not any(line.startswith("m=video") for line in lines):
-                raise OfferError("the offer has no video section: add a recvonly video transceiver")
             video_sender = pc.addTrack(session.video)
-            if any(line.startswith("m=audio") for line in lines):
+            if "audio" in offer.kinds:
                 pc.addTrack(session.audio)
             video_transceiver = next(t for t in pc.getTransceivers() if t.sender is video_sender)
             # H.264 when the caller can decode it; otherwise aiortc negotiates VP8.
-            if any("h264/90000" in line for line in lines):
+            if offer.offers_h264:
                 prefer_h264(video_transceiver)
 
             @pc.on("track")

@@ -208,7 +208,8 @@ async def test_bad_requests_to_sessions(client: TestClient[object, object]) -> N
     bad_offer = await client.post("/offer", json={"sdp": "garbage", "type": "offer"})
     assert bad_offer.status == 400
     assert (await bad_offer.json())["error"]["code"] == "bad_offer"
-    unknown = await client.post("/offer", json={"sdp": "x", "type": "offer", "avatar": "nobody"})
+    sdp = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
+    unknown = await client.post("/offer", json={"sdp": sdp, "type": "offer", "avatar": "nobody"})
     assert unknown.status == 404
     not_json = await client.post("/offer", data=b"{", headers={"Content-Type": "application/json"})
     assert not_json.status == 400

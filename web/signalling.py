@@ -20,6 +20,7 @@ from aiohttp import web
 
 from inference_core.avatar import check_avatar_id
 from streaming.audio_push import AudioLimits, decode_pushed_audio
+from streaming.offer_check import OfferLimits, check_offer
 from streaming.tts import check_text, check_voice
 from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
@@ -71,7 +72,10 @@ async def offer(request: web.Request) -> web.Response:
     sdp = _string(data, "sdp")
     sdp_type = _string(data, "type")
     avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
-    session = await request.app[SESSIONS].create(sdp, sdp_type, avatar, request.remote)
+    if sdp_type != "offer":
+        raise RequestError(400, "bad_offer", f"type must be 'offer', got {sdp_type[:20]!r}")
+    info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
+    session = await request.app[SESSIONS].create(sdp, info, avatar, request.remote)
     local = session.pc.localDescription
     return web.json_response(
         {"sdp": local.sdp, "type": local.type, "session_id": session.session_id}
