@@ -55,7 +55,7 @@ MODEL_ID_PATTERN = r"^[a-z0-9_-]{1,64}$"
 _MODEL_ID_RE = re.compile(MODEL_ID_PATTERN)
 
 #: Keys whose values are secrets: never shown in errors, reprs or dumps.
-SECRET_KEYS: frozenset[str] = frozenset({"admin_token", "credential"})
+SECRET_KEYS: frozenset[str] = frozenset({"admin_token", "credential", "jwt_secret"})
 
 
 def parse_byte_size(value: object) -> int:
@@ -293,6 +293,15 @@ class TtsSettings(_Section):
         return value
 
 
+class AuthSettings(_Section):
+    """Signed session tokens (JWT) for /offer and the session endpoints."""
+
+    jwt_secret: SecretStr | None = None
+    jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
+    leeway_s: float = Field(default=30.0, ge=0, le=600)
+    max_ttl_s: float = Field(default=86_400.0, gt=0)
+
+
 class LoggingSettings(_Section):
     """Log verbosity and line format."""
 
@@ -313,4 +322,5 @@ class Settings(_Section):
     video: VideoSettings = Field(default_factory=VideoSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
     tts: TtsSettings = Field(default_factory=TtsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

@@ -32,8 +32,14 @@ class Received:
 class Caller:
     """One call: optional microphone from a WAV file, receives video and audio."""
 
-    def __init__(self, client: TestClient[object, object], avatar: str = "demo") -> None:
+    def __init__(
+        self,
+        client: TestClient[object, object],
+        avatar: str = "demo",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.client = client
+        self.headers = headers or {}
         self.avatar = avatar
         self.pc = RTCPeerConnection()
         self.received = Received()
@@ -70,7 +76,9 @@ class Caller:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         local = self.pc.localDescription
         response = await self.client.post(
-            "/offer", json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar}
+            "/offer",
+            json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar},
+            headers=self.headers,
         )
         assert response.status == 200, await response.text()
         answer = await response.json()
@@ -116,7 +124,7 @@ class Caller:
 
     async def hang_up(self) -> None:
         if self.session_id:
-            await self.client.delete(f"/sessions/{self.session_id}")
+            await self.client.delete(f"/sessions/{self.session_id}", headers=self.headers)
         await self.close()
 
     async def close(self) -> None:

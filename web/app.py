@@ -17,9 +17,14 @@ from inference_core.avatar import AvatarLocator
 from inference_core.core import InferenceCore
 from streaming.session_manager import SessionManager
 from streaming.tts import build_tts_engine
-from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
+from web.admin import add_admin_routes
+from web.app_keys import AVATAR_NAMES, CORE, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
+from web.cors import cors_middleware
 from web.errors import error_middleware
 from web.infer_api import infer
+from web.metrics import add_metrics_routes
+from web.openapi import add_openapi_routes
+from web.rate_limit import RateLimiter
 from web.signalling import add_routes
 
 logger = logging.getLogger(__name__)
@@ -29,8 +34,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.Application:
     """Build the application; ``core`` lets tests pass a pre-built inference core."""
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(
+        middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
+    )
     app[SETTINGS] = settings
+    app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
     app[AVATAR_NAMES] = {}
 
     async def inference_core(app: web.Application) -> AsyncIterator[None]:
@@ -53,6 +61,9 @@ def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.A
     app.cleanup_ctx.extend([inference_core, sessions, text_to_speech])
     app.router.add_post("/v1/infer/{model_id}", infer)
     add_routes(app)
+    add_admin_routes(app)
+    add_metrics_routes(app)
+    add_openapi_routes(app)
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC_DIR, follow_symlinks=False)
     return app

@@ -5,6 +5,7 @@
     lipstream avatar validate DIR
     lipstream avatar list | lipstream avatar demo
     lipstream model bench-unet --out unet.onnx [--width W]
+    lipstream token mint --avatar ID [--ttl SECONDS]
     lipstream config check [--config FILE]
 
 Exit status: 0 success, 1 the work failed (message on stderr), 2 bad usage or config.
@@ -24,13 +25,14 @@ from tqdm import tqdm
 from compositor.exceptions import CompositorError
 from config.loader import ConfigError, apply_cli_overrides, dump_settings, load_settings
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
+from inference_core.avatar import AvatarLocator, check_avatar_id
 from inference_core.benchmark_model import build_benchmark_unet, estimate_macs
 from inference_core.exceptions import InferenceError
 from inference_core.validation import validate_package
 from streaming.offline_render import RenderOptions, render_file
 from web.app import serve
 from web.log_format import configure_logging
+from web.session_tokens import mint_token
 
 logger = logging.getLogger("lipstream")
 
@@ -71,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, required=True)
     bench.add_argument("--width", type=int, default=None, help="channel width (default: ~4.9 GMAC)")
 
+    token = sub.add_parser("token", help="session tokens (when auth.jwt_secret is set)")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    mint = token_sub.add_parser("mint", help="print a signed session token for one avatar")
+    mint.add_argument("--avatar", required=True, help="avatar id the token is scoped to")
+    mint.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
+    mint.add_argument("--subject", help="optional sub claim (who the token is for)")
+
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     config_sub.add_parser("check", help="validate the settings and print the effective values")
@@ -105,6 +114,16 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
     if args.command == "avatar":
         return _avatar(settings, args.avatar_command, getattr(args, "directory", None))
+    if args.command == "token":
+        try:
+            token = mint_token(
+                settings.auth, check_avatar_id(args.avatar), ttl_s=args.ttl, subject=args.subject
+            )
+        except ValueError as exc:
+            print(f"lipstream: {exc}", file=sys.stderr)
+            return 2
+        print(token)
+        return 0
     if args.command == "model":
         kwargs = {} if args.width is None else {"width": args.width}
         path = build_benchmark_unet(args.out, **kwargs)

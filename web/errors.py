@@ -83,16 +83,19 @@ def json_error(
 class RequestError(Exception):
     """Raised by handlers for a bad request: becomes a JSON 4xx response."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.retry_after = retry_after
 
 
 def response_for(exc: Exception) -> web.Response:
     """The JSON response for a library error (500 for anything not mapped)."""
     if isinstance(exc, RequestError):
-        return json_error(exc.status, exc.code, str(exc))
+        return json_error(exc.status, exc.code, str(exc), retry_after=exc.retry_after)
     for kind, status, code, retry_after in _MAPPING:
         if isinstance(exc, kind):
             return json_error(status, code, str(exc), retry_after=retry_after)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 from aiohttp import web
@@ -21,9 +22,11 @@ from aiohttp import web
 from inference_core.avatar import check_avatar_id
 from streaming.audio_push import AudioLimits, decode_pushed_audio
 from streaming.offer_check import OfferLimits, check_offer
+from streaming.session import Session
 from streaming.tts import check_text, check_voice
-from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
+from web.session_tokens import require_token
 
 
 async def _read_bounded(request: web.Request, limit: int, what: str) -> bytes:
@@ -68,10 +71,20 @@ def _optional_string(data: dict[str, Any], key: str) -> str | None:
 async def offer(request: web.Request) -> web.Response:
     """Answer a WebRTC offer for an avatar; the call starts once ICE connects."""
     settings = request.app[SETTINGS]
+    wait = request.app[OFFER_LIMITER].retry_after(request.remote or "unknown")
+    if wait is not None:
+        raise RequestError(
+            429,
+            "rate_limited",
+            f"too many offers from this address; at most "
+            f"{settings.server.offer_rate_limit_per_minute} per minute",
+            retry_after=max(1, math.ceil(wait)),
+        )
     data = await _json_body(request, settings.server.max_offer_bytes)
     sdp = _string(data, "sdp")
     sdp_type = _string(data, "type")
     avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
+    require_token(request, settings.auth, avatar)
     if sdp_type != "offer":
         raise RequestError(400, "bad_offer", f"type must be 'offer', got {sdp_type[:20]!r}")
     info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
@@ -82,23 +95,30 @@ async def offer(request: web.Request) -> web.Response:
     )
 
 
+def _session(request: web.Request) -> Session:
+    """The session named in the path, if the request may control it."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    require_token(request, request.app[SETTINGS].auth, session.avatar_id)
+    return session
+
+
 async def hang_up(request: web.Request) -> web.Response:
     """End a session."""
-    session_id = request.match_info["session_id"]
-    await request.app[SESSIONS].close(session_id, "hung up by API")
-    return web.json_response({"session_id": session_id, "state": "closed"})
+    session = _session(request)
+    await session.close("hung up by API")
+    return web.json_response({"session_id": session.session_id, "state": "closed"})
 
 
 async def session_state(request: web.Request) -> web.Response:
     """One session's state and counters."""
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    session = _session(request)
     return web.json_response(session.summary())
 
 
 async def push_audio(request: web.Request) -> web.Response:
     """Queue pushed audio in a session (202); the avatar speaks it in real time."""
     settings = request.app[SETTINGS]
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    session = _session(request)
     limits = AudioLimits.from_settings(settings.session)
     body = await _read_bounded(request, limits.max_bytes, "the audio body")
     content_type = request.headers.get("Content-Type", "")
@@ -115,7 +135,7 @@ async def push_audio(request: web.Request) -> web.Response:
 async def say(request: web.Request) -> web.Response:
     """Speak text through the configured text-to-speech engine (202)."""
     settings = request.app[SETTINGS]
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    session = _session(request)
     data = await _json_body(request, 4 * settings.session.max_say_chars + 1024)
     text = check_text(_string(data, "text"), settings.session.max_say_chars)
     voice = _optional_string(data, "voice")
@@ -131,7 +151,7 @@ async def say(request: web.Request) -> web.Response:
 
 async def interrupt(request: web.Request) -> web.Response:
     """Drop a session's queued audio and frames."""
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    session = _session(request)
     dropped = session.interrupt()
     return web.json_response({"dropped_ms": round(dropped * 1000, 1)})
 
