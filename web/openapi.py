@@ -22,17 +22,18 @@ from web.infer_api import MAX_REQUEST_FRAMES
 
 Json = dict[str, Any]
 
-SECURITY_SCHEME = "adminToken"
+ADMIN_SCHEME = "adminToken"
+SESSION_SCHEME = "sessionToken"
 
 # (status, shared response name, what it means, the header it carries, if any)
 _ERROR_STATUSES: tuple[tuple[int, str, str, str | None], ...] = (
     (400, "BadRequest", "The request is malformed or names something invalid.", None),
-    (401, "Unauthorized", "The bearer token is missing or wrong.", "WWW-Authenticate"),
+    (401, "Unauthorized", "The bearer token is missing or not valid.", "WWW-Authenticate?"),
     (403, "Forbidden", "The request is not allowed from where it came.", None),
     (404, "NotFound", "No such session, model or file.", None),
     (409, "Conflict", "The resource is in a state that forbids the request.", None),
     (413, "PayloadTooLarge", "The body is over a limit.", None),
-    (429, "TooManyRequests", "Too much is queued; retry later.", "Retry-After"),
+    (429, "TooManyRequests", "Too many requests or too much queued; retry later.", "Retry-After"),
     (500, "InternalError", "The server failed; details are in its log.", None),
     (502, "BadGateway", "An upstream service (the text-to-speech engine) failed.", None),
     (503, "ServiceUnavailable", "The server is at capacity or stopping.", "Retry-After?"),
@@ -52,7 +53,8 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("bad_body_size", "the body is not exactly the size `batch_size` needs"),
     ("bad_values", "the inputs hold NaN or infinity"),
     ("bad_input", "the tensors do not fit the model"),
-    ("unauthorized", "a token is configured and the request has no or a wrong bearer token"),
+    ("unauthorized", "tokens are required here and the bearer token is missing or not valid"),
+    ("rate_limited", "more than `server.offer_rate_limit_per_minute` offers from this address"),
     (
         "forbidden",
         "no token is configured and the request is not from loopback, or came "
@@ -94,6 +96,16 @@ ADMIN_AUTH = (
     "(`Forwarded`, `X-Forwarded-For`, `X-Real-IP`: a reverse proxy on the same host would "
     "otherwise pass remote clients off as local), and 403 to anything else. The admin "
     "page (`GET /admin`) needs no token, only the loopback rule when no token is set."
+)
+
+
+SESSION_AUTH = (
+    "With `auth.jwt_secret` set, `POST /offer` and every `/sessions/{session_id}` route "
+    "need `Authorization: Bearer <JWT>`: signed with `auth.jwt_algorithm`, with `iat`, "
+    "`exp` (at most `auth.max_ttl_s` after `iat`) and an `avatar` claim naming the avatar "
+    "of the offer or of the session (`lipstream token mint` makes one). Without a secret "
+    "(the default) no token is needed. An unknown session id answers 404 before the "
+    "token is checked."
 )
 
 
@@ -167,7 +179,7 @@ def _op(
     description: str | None = None,
     parameters: tuple[Json, ...] = (),
     body: Json | None = None,
-    admin: bool = False,
+    auth: str | None = None,
 ) -> Json:
     operation: Json = {"operationId": operation_id, "tags": [tag], "summary": summary}
     if description is not None:
@@ -176,10 +188,11 @@ def _op(
         operation["parameters"] = list(parameters)
     if body is not None:
         operation["requestBody"] = body
-    if admin:
-        # The empty requirement: no token at all is accepted (from loopback, see ADMIN_AUTH).
-        operation["security"] = [{SECURITY_SCHEME: []}, {}]
-        errors = {401: ("unauthorized",), 403: ("forbidden",), **(errors or {})}
+    if auth is not None:
+        # The empty requirement: no token is needed when the server has none configured.
+        operation["security"] = [{auth: []}, {}]
+        denied = {401: ("unauthorized",), 403: ("forbidden",)} if auth == ADMIN_SCHEME else {}
+        errors = {**denied, 401: ("unauthorized",), **(errors or {})}
     operation["responses"] = {**responses, **_errors(errors or {})}
     return operation
 
@@ -531,7 +544,11 @@ def _schemas() -> Json:
 def _header(name: str) -> Json:
     """A response header; a trailing ``?`` marks one sent only with some error codes."""
     if name.startswith("WWW-Authenticate"):
-        return {"required": True, "schema": {"type": "string", "enum": ["Bearer"]}}
+        return {
+            "required": False,
+            "schema": {"type": "string", "enum": ["Bearer"]},
+            "description": "Sent by the admin routes (the session routes do not send it).",
+        }
     return {
         "required": not name.endswith("?"),
         "schema": {"type": "integer", "minimum": 0},
@@ -568,10 +585,12 @@ def _session_paths() -> Json:
                 "session starts once ICE connects and ends if it does not within "
                 "`session.ice_timeout_s`.",
                 body={"required": True, "content": _json(_ref("Offer"))},
+                auth=SESSION_SCHEME,
                 errors={
                     400: (*_JSON_BODY_400, "invalid_model_id", "bad_offer"),
                     404: ("model_not_found",),
                     413: ("body_too_large",),
+                    429: ("rate_limited",),
                     500: (*_MODEL_OPEN_500, "streaming_failed"),
                     503: ("too_many_sessions", *_MODEL_OPEN_503),
                 },
@@ -584,6 +603,7 @@ def _session_paths() -> Json:
                 "sessions",
                 "A session's state and counters",
                 {"200": _response("The session.", _ref("SessionState"))},
+                auth=SESSION_SCHEME,
                 errors={404: ("session_not_found",)},
             ),
             "delete": _op(
@@ -591,6 +611,7 @@ def _session_paths() -> Json:
                 "sessions",
                 "Hang up",
                 {"200": _response("The session is closed.", _ref("HungUp"))},
+                auth=SESSION_SCHEME,
                 errors={404: ("session_not_found",)},
             ),
         },
@@ -625,6 +646,7 @@ def _session_paths() -> Json:
                     ),
                 ),
                 body={"required": True, "content": {media: {} for media in SUPPORTED_TYPES}},
+                auth=SESSION_SCHEME,
                 errors={
                     400: ("bad_audio",),
                     404: ("session_not_found",),
@@ -641,6 +663,7 @@ def _session_paths() -> Json:
                 "Speak text through text-to-speech",
                 {"202": _response("Synthesized and queued.", _ref("Queued"))},
                 body=json_body,
+                auth=SESSION_SCHEME,
                 errors={
                     400: (*_JSON_BODY_400, "bad_text"),
                     404: ("session_not_found",),
@@ -658,6 +681,7 @@ def _session_paths() -> Json:
                 "sessions",
                 "Drop queued audio and frames: the avatar goes idle",
                 {"200": _response("Interrupted.", _ref("Interrupted"))},
+                auth=SESSION_SCHEME,
                 errors={404: ("session_not_found",)},
             ),
         },
@@ -784,7 +808,7 @@ def _admin_paths() -> Json:
                 "admin",
                 "Every registered model, loaded or not",
                 {"200": _response("The models.", _ref("Models"))},
-                admin=True,
+                auth=ADMIN_SCHEME,
             )
         },
         "/admin/models/{model_id}/load": {
@@ -803,7 +827,7 @@ def _admin_paths() -> Json:
                     503: _MODEL_OPEN_503,
                     504: ("load_timeout",),
                 },
-                admin=True,
+                auth=ADMIN_SCHEME,
             ),
         },
         "/admin/models/{model_id}/unload": {
@@ -818,7 +842,7 @@ def _admin_paths() -> Json:
                     404: ("model_not_found",),
                     409: ("model_in_use",),
                 },
-                admin=True,
+                auth=ADMIN_SCHEME,
             ),
         },
         "/admin/stats": {
@@ -827,7 +851,7 @@ def _admin_paths() -> Json:
                 "admin",
                 "Models, devices, the background cache and server-wide totals",
                 {"200": _response("One snapshot.", _ref("Stats"))},
-                admin=True,
+                auth=ADMIN_SCHEME,
             )
         },
         "/admin/sessions": {
@@ -836,7 +860,7 @@ def _admin_paths() -> Json:
                 "admin",
                 "Every live session",
                 {"200": _response("The sessions.", _ref("Sessions"))},
-                admin=True,
+                auth=ADMIN_SCHEME,
             )
         },
         "/admin/sessions/{session_id}": {
@@ -847,7 +871,7 @@ def _admin_paths() -> Json:
                 "End a session",
                 {"200": _response("The session is closed.", _ref("HungUp"))},
                 errors={404: ("session_not_found",)},
-                admin=True,
+                auth=ADMIN_SCHEME,
             ),
         },
     }
@@ -992,7 +1016,13 @@ def openapi_document() -> Json:
                 },
             },
             "securitySchemes": {
-                SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": ADMIN_AUTH}
+                ADMIN_SCHEME: {"type": "http", "scheme": "bearer", "description": ADMIN_AUTH},
+                SESSION_SCHEME: {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "bearerFormat": "JWT",
+                    "description": SESSION_AUTH,
+                },
             },
         },
     }
