@@ -1,0 +1,364 @@
+"""Operator endpoints: models, devices, sessions, and a page that shows them.
+
+    GET    /admin                         the admin page (web/static/admin.html)
+    GET    /admin/models                  {"models": [Model...]}
+    POST   /admin/models/{id}/load        {"device"?: index} → Model (waits for the load)
+    POST   /admin/models/{id}/unload      → Model
+    GET    /admin/stats                   {"models", "devices", "cache", "global"}
+    GET    /admin/sessions                {"sessions": [SessionInfo...]}
+    DELETE /admin/sessions/{id}           {"session_id", "state": "closed"}
+
+Every route goes through :func:`web.admin_auth.admin_only`. Library errors map to
+statuses in ``web/errors.py`` (unknown model 404, malformed id 400, in use 409, no
+capacity 503 + Retry-After); a load still running after ``registry.load_timeout_s``
+answers 504 and keeps loading in the background. :func:`add_admin_routes` also adds
+``/health`` and ``/ready`` (no access rule) and installs ``app[DRAINING]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypedDict
+
+from aiohttp import web
+
+from inference_core.devices import SystemMemoryProbe
+from inference_core.exceptions import ModelLoadError
+from inference_core.registry import ModelStats
+from streaming.session import AddedDelay
+from web.admin_auth import admin_only
+from web.app_keys import CORE, DRAINING, MEMORY_PROBE, SESSIONS, SETTINGS, STARTED_AT, DrainState
+from web.errors import RequestError
+from web.health import health, ready
+
+STATIC_DIR = Path(__file__).parent / "static"
+MAX_LOAD_BODY = 1024
+
+
+class Model(TypedDict):
+    id: str
+    state: str
+    device: str | None
+    memory_bytes: int
+    usage_count: int
+    frames: int
+    total_inference_ms: float
+    mean_inference_ms: float
+    last_used: str | None  # ISO-8601 UTC
+    loaded_at: str | None
+    load_seconds: float | None
+    last_error: str | None
+    refcount: int
+
+
+class Worker(TypedDict):
+    name: str
+    batches: int
+    frames: int
+    busy_seconds: float
+
+
+class DeviceInfo(TypedDict):
+    name: str
+    kind: str
+    models_loaded: int
+    memory_used_bytes: int  # measured memory of the models loaded there
+    memory_total_bytes: int | None
+    queue_depth: int
+    batches: int
+    frames: int
+    busy_fraction: float
+    mean_batch_size: float
+    expired: int
+    rejected: int
+    workers: list[Worker]
+
+
+class Cache(TypedDict):
+    hits: int
+    misses: int
+    hit_rate: float
+    evictions: int
+    bytes: int
+    max_bytes: int
+    entries: int
+
+
+class Global(TypedDict):
+    models_registered: int
+    models_loaded: int
+    live_sessions: int
+    sessions_started: int
+    sessions_ended: int
+    sessions_rejected: int
+    frames_served: int
+    frames_dropped: dict[str, int]
+    evictions: dict[str, int]
+    uptime_s: float
+    version: str
+
+
+# "global" is a keyword, so this TypedDict needs the functional form.
+Stats = TypedDict(
+    "Stats",
+    {"models": list[Model], "devices": list[DeviceInfo], "cache": Cache, "global": Global},
+)
+
+
+class SessionInfo(TypedDict):
+    id: str
+    avatar: str
+    state: str
+    uptime_s: float
+    output_fps: float
+    added_delay_ms: AddedDelay
+    av_offset_ms: float | None
+    frames_dropped: dict[str, int]
+    bitrate_bps: int | None
+    remote: str | None
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+
+
+def _model(stats: ModelStats) -> Model:
+    return Model(
+        id=stats.model_id,
+        state=stats.state,
+        device=stats.device,
+        memory_bytes=stats.memory_bytes,
+        usage_count=stats.usage_count,
+        frames=stats.frames,
+        total_inference_ms=round(stats.inference_ms_total, 3),
+        mean_inference_ms=round(stats.mean_ms_per_frame, 3),
+        last_used=_iso(stats.last_used),
+        loaded_at=_iso(stats.loaded_at),
+        load_seconds=None if stats.load_seconds is None else round(stats.load_seconds, 3),
+        last_error=stats.last_error,
+        refcount=stats.refcount,
+    )
+
+
+def _models(request: web.Request) -> list[Model]:
+    return [_model(s) for s in request.app[CORE].registry.model_stats()]
+
+
+def _model_entry(request: web.Request, model_id: str) -> Model:
+    for stats in request.app[CORE].registry.model_stats():
+        if stats.model_id == model_id:
+            return _model(stats)
+    raise RequestError(404, "model_not_found", f"no model {model_id!r} is registered")
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """Every registered model, loaded or not."""
+    return web.json_response({"models": _models(request)})
+
+
+async def _device_index(request: web.Request) -> int | None:
+    """The optional ``{"device": index}`` of a load request (400 for anything else)."""
+    if request.content_length is not None and request.content_length > MAX_LOAD_BODY:
+        raise RequestError(413, "body_too_large", f"the body is over {MAX_LOAD_BODY} bytes")
+    body = await request.content.read(MAX_LOAD_BODY + 1)
+    if len(body) > MAX_LOAD_BODY:
+        raise RequestError(413, "body_too_large", f"the body is over {MAX_LOAD_BODY} bytes")
+    if not body.strip():
+        return None
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, "bad_json", 'the body must be a JSON object like {"device": 0}')
+    device = data.get("device")
+    if device is None:
+        return None
+    devices = request.app[CORE].devices
+    names = ", ".join(f"{d.index}={d.name}" for d in devices)
+    # bool is an int in Python; true/false is not a device index.
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise RequestError(400, "bad_device", f"device must be an integer index ({names})")
+    if not 0 <= device < len(devices):
+        raise RequestError(400, "bad_device", f"device {device} does not exist ({names})")
+    return device
+
+
+async def load_model(request: web.Request) -> web.Response:
+    """Load a model now (on ``device`` if given) and wait for it; a loaded model stays put."""
+    registry = request.app[CORE].registry
+    model_id = request.match_info["model_id"]
+    registry.entry(model_id)  # 400 for a malformed id, 404 for an unknown one
+    device = await _device_index(request)
+    try:
+        await registry.load(model_id, device)
+    except ModelLoadError as exc:
+        # The registry gives up waiting after registry.load_timeout_s but the load goes
+        # on: a timeout is the one ModelLoadError that leaves the model "loading".
+        if registry.entry(model_id).state != "loading":
+            raise
+        raise RequestError(504, "load_timeout", str(exc)) from None
+    return web.json_response(_model_entry(request, model_id))
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    """Unload a model that nobody holds (409 while sessions use it)."""
+    registry = request.app[CORE].registry
+    model_id = request.match_info["model_id"]
+    await registry.unload(model_id)
+    return web.json_response(_model_entry(request, model_id))
+
+
+def _merge(counts: dict[str, int], reason: str, count: int) -> None:
+    if count:
+        counts[reason] = counts.get(reason, 0) + count
+
+
+async def stats(request: web.Request) -> web.Response:
+    """Models, devices, the background cache and server-wide totals in one snapshot."""
+    app = request.app
+    core, sessions = app[CORE], app[SESSIONS]
+    models = _models(request)
+    probe = app[MEMORY_PROBE]
+    totals_by_device = await asyncio.to_thread(lambda: [probe.total_bytes(d) for d in core.devices])
+    devices: list[DeviceInfo] = []
+    for device, held, scheduler, total in zip(
+        core.devices, core.registry.device_stats(), core.schedulers, totals_by_device, strict=True
+    ):
+        s = scheduler.stats()
+        devices.append(
+            DeviceInfo(
+                name=device.name,
+                kind=device.kind,
+                models_loaded=held.models_loaded,
+                memory_used_bytes=held.memory_used_bytes,
+                memory_total_bytes=total,
+                queue_depth=s.queue_depth,
+                batches=s.batches,
+                frames=sum(w.frames for w in s.workers),
+                busy_fraction=round(s.busy_fraction, 4),
+                mean_batch_size=round(s.mean_batch_size, 3),
+                expired=s.expired,
+                rejected=s.rejected,
+                workers=[
+                    Worker(
+                        name=w.name,
+                        batches=w.batches,
+                        frames=w.frames,
+                        busy_seconds=round(w.busy_seconds, 3),
+                    )
+                    for w in s.workers
+                ],
+            )
+        )
+    c = sessions.cache.stats()
+    totals = sessions.totals()
+    # A session's DeadlineExceededError / QueueFullError drops are the same frames the
+    # schedulers count as expired / rejected (which also cover the raw API): count once.
+    dropped = {
+        reason: count
+        for reason, count in totals.frames_dropped.items()
+        if reason not in ("DeadlineExceededError", "QueueFullError")
+    }
+    _merge(dropped, "expired", sum(d["expired"] for d in devices))
+    _merge(dropped, "rejected", sum(d["rejected"] for d in devices))
+    payload: Stats = {
+        "models": models,
+        "devices": devices,
+        "cache": Cache(
+            hits=c.hits,
+            misses=c.misses,
+            hit_rate=round(c.hit_rate, 4),
+            evictions=c.evictions,
+            bytes=c.bytes,
+            max_bytes=c.max_bytes,
+            entries=c.entries,
+        ),
+        "global": Global(
+            models_registered=len(models),
+            models_loaded=sum(1 for m in models if m["state"] == "loaded"),
+            live_sessions=len(sessions.sessions),
+            sessions_started=totals.started,
+            sessions_ended=totals.ended,
+            sessions_rejected=totals.rejected,
+            frames_served=totals.frames_sent,
+            frames_dropped=dropped,
+            evictions={str(k): v for k, v in core.registry.evictions.items()},
+            uptime_s=round(time.monotonic() - app[STARTED_AT], 1),
+            version=_version(),
+        ),
+    }
+    return web.json_response(payload)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("lipstream")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    """Every live session with its output rate, added delay and A/V offset."""
+    infos: list[SessionInfo] = []
+    for session in request.app[SESSIONS].sessions:
+        s = session.summary()
+        infos.append(
+            SessionInfo(
+                id=s["session_id"],
+                avatar=s["avatar"],
+                state=s["state"],
+                uptime_s=s["uptime_s"],
+                output_fps=s["output_fps"],
+                added_delay_ms=s["added_delay_ms"],
+                av_offset_ms=s["av_offset_ms"],
+                frames_dropped=s["frames_dropped"],
+                bitrate_bps=s["bitrate_bps"],
+                remote=s["remote"],
+            )
+        )
+    return web.json_response({"sessions": infos})
+
+
+async def hang_up(request: web.Request) -> web.Response:
+    """End a live session (404 if there is none with that id)."""
+    session_id = request.match_info["session_id"]
+    await request.app[SESSIONS].close(session_id, "hung up by admin")
+    return web.json_response({"session_id": session_id, "state": "closed"})
+
+
+async def page(request: web.Request) -> web.FileResponse:
+    """The admin page; it reads everything else from the JSON routes."""
+    return web.FileResponse(STATIC_DIR / "admin.html", headers={"Cache-Control": "no-store"})
+
+
+def add_admin_routes(app: web.Application) -> None:
+    """Add the admin routes, /health and /ready, and what they keep in ``app``."""
+    if DRAINING not in app:
+        app[DRAINING] = DrainState()
+
+    async def admin_state(app: web.Application) -> AsyncIterator[None]:
+        app[STARTED_AT] = time.monotonic()
+        app[MEMORY_PROBE] = SystemMemoryProbe(app[SETTINGS].devices)
+        yield
+        await asyncio.to_thread(app[MEMORY_PROBE].close)
+
+    app.cleanup_ctx.append(admin_state)
+    router = app.router
+    router.add_get("/health", health)
+    router.add_get("/ready", ready)
+    router.add_get("/admin", admin_only(page, page=True))
+    router.add_get("/admin/models", admin_only(list_models))
+    router.add_post("/admin/models/{model_id}/load", admin_only(load_model))
+    router.add_post("/admin/models/{model_id}/unload", admin_only(unload_model))
+    router.add_get("/admin/stats", admin_only(stats))
+    router.add_get("/admin/sessions", admin_only(list_sessions))
+    router.add_delete("/admin/sessions/{session_id}", admin_only(hang_up))

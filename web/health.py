@@ -1,0 +1,92 @@
+"""Liveness and readiness for load balancers and orchestrators.
+
+    GET /health   200 {"status": "ok"}                 the process answers HTTP
+    GET /ready    200 {"ready": true, "avatar_root", "devices", "draining": false}
+                  503 {"ready": false, "reasons": [...]}
+
+Ready means: the avatar root is a readable directory (or absent while the demo avatar
+is enabled), every device has running inference workers, and the server is not
+draining (``app[DRAINING]``, set by the shutdown path). Neither route needs admin access.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+from typing import TypedDict
+
+from aiohttp import web
+
+from config.settings import AvatarsSettings
+from web.app_keys import CORE, DRAINING, SETTINGS
+
+
+class Health(TypedDict):
+    status: str
+
+
+class Ready(TypedDict):
+    ready: bool
+    avatar_root: str  # "readable" or "absent (demo avatar only)"
+    devices: list[str]  # the devices with running workers
+    draining: bool
+
+
+class NotReady(TypedDict):
+    ready: bool
+    reasons: list[str]
+
+
+async def health(request: web.Request) -> web.Response:
+    """Alive: the event loop answers."""
+    return web.json_response(Health(status="ok"))
+
+
+def check_avatar_root(avatars: AvatarsSettings) -> tuple[str | None, str | None]:
+    """``(state, None)`` when usable, ``(None, reason)`` when not. Touches the disk."""
+    root = Path(avatars.root)
+    if not root.exists():
+        if avatars.demo:
+            return "absent (demo avatar only)", None
+        return None, f"avatar root {root} does not exist and avatars.demo is off"
+    if not root.is_dir():
+        return None, f"avatar root {root} is not a directory"
+    if not os.access(root, os.R_OK | os.X_OK):
+        return None, f"avatar root {root} is not readable by this process"
+    return "readable", None
+
+
+def _running_workers(device_name: str) -> int:
+    # Workers are named lipstream-<device>-w<i> (DeviceScheduler.start) and exit on stop.
+    prefix = f"lipstream-{device_name}-w"
+    return sum(1 for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive())
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Ready for new sessions, or 503 with every reason it is not."""
+    app = request.app
+    reasons: list[str] = []
+    root_state, root_problem = await asyncio.to_thread(check_avatar_root, app[SETTINGS].avatars)
+    if root_problem is not None:
+        reasons.append(root_problem)
+    devices: list[str] = []
+    core = app.get(CORE)
+    if core is None:
+        reasons.append("the inference core is not started")
+    else:
+        for device in core.devices:
+            if _running_workers(device.name) > 0:
+                devices.append(device.name)
+            else:
+                reasons.append(f"device {device.name} has no running inference workers")
+    draining = app[DRAINING].draining
+    if draining:
+        reasons.append("the server is draining: it takes no new sessions")
+    if reasons:
+        return web.json_response(NotReady(ready=False, reasons=reasons), status=503)
+    assert root_state is not None
+    return web.json_response(
+        Ready(ready=True, avatar_root=root_state, devices=devices, draining=False)
+    )
