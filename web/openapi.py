@@ -57,8 +57,9 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("rate_limited", "more than `server.offer_rate_limit_per_minute` offers from this address"),
     (
         "forbidden",
-        "no token is configured and the request is not from loopback, or came "
-        "through a proxy (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`); for files: a directory",
+        "no admin token is configured and the request is not from this machine (a "
+        "non-loopback peer, a proxy header, a foreign `Host` or `Origin`); for files: a "
+        "directory",
     ),
     ("session_not_found", "no live session has this id"),
     ("model_not_found", "no avatar/model with this id"),
@@ -94,7 +95,9 @@ ADMIN_AUTH = (
     "or with a wrong one. With no token configured (the default), admin routes answer only "
     "requests from a loopback peer (127.0.0.0/8, ::1) that carry no proxy header "
     "(`Forwarded`, `X-Forwarded-For`, `X-Real-IP`: a reverse proxy on the same host would "
-    "otherwise pass remote clients off as local), and 403 to anything else. The admin "
+    "otherwise pass remote clients off as local), whose `Host` names this machine (no DNS "
+    "rebinding) and whose `Origin`, if sent, is a loopback one (no cross-site requests "
+    "from a local browser), and 403 to anything else. The admin "
     "page (`GET /admin`) needs no token, only the loopback rule when no token is set."
 )
 
