@@ -27,6 +27,7 @@ import onnxruntime as ort
 from config.settings import Settings
 from inference_core.avatar import AvatarLocator, AvatarPackage
 from inference_core.devices import Device, MemoryProbe, detect_devices
+from inference_core.events import CoreEvents
 from inference_core.exceptions import ModelInputError, ShuttingDownError
 from inference_core.frame_request import FrameRequest
 from inference_core.loaded_model import LoadedModel
@@ -136,7 +137,11 @@ class ModelHandle:
 
 
 class InferenceCore:
-    """Owns the devices' schedulers, the registry and the idle-eviction task."""
+    """Owns the devices' schedulers, the registry and the idle-eviction task.
+
+    ``events`` (default: none) hears about batches run and models loaded, from the
+    worker and load threads; see :mod:`inference_core.events`.
+    """
 
     def __init__(
         self,
@@ -146,6 +151,7 @@ class InferenceCore:
         devices: Sequence[Device] | None = None,
         session_factory: SessionFactory | None = None,
         memory_probe: MemoryProbe | None = None,
+        events: CoreEvents | None = None,
     ) -> None:
         self.settings = settings
         self.devices = list(devices) if devices is not None else detect_devices(settings.devices)
@@ -157,6 +163,7 @@ class InferenceCore:
                 queue_size=batching.queue_size,
                 max_batch_size=batching.max_batch_size,
                 max_wait_ms=batching.max_wait_ms,
+                events=events,
             )
             for device in self.devices
         ]
@@ -168,10 +175,17 @@ class InferenceCore:
             memory_probe=memory_probe,
             queue_depth=lambda index: self.schedulers[index].queue_depth,
             on_unload=self._drop_queued_frames,
+            events=events,
         )
         self._idle_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
+
+    def set_events(self, events: CoreEvents) -> None:
+        """Report to ``events`` from now on (for an observer made after the core)."""
+        self.registry.events = events
+        for scheduler in self.schedulers:
+            scheduler.events = events
 
     def scheduler_for(self, device: Device) -> DeviceScheduler:
         return self.schedulers[device.index]

@@ -35,6 +35,7 @@ from config.settings import Settings
 from inference_core.adapter import open_session
 from inference_core.avatar import AvatarLocator, AvatarPackage, check_avatar_id
 from inference_core.devices import Device, MemoryProbe, SystemMemoryProbe, session_config
+from inference_core.events import CoreEvents, NoCoreEvents
 from inference_core.exceptions import (
     AvatarError,
     AvatarNotFoundError,
@@ -115,7 +116,7 @@ class ModelRegistry:
     Owns one single-thread load executor per device and shuts them down in :meth:`close`.
     ``session_factory``, ``memory_probe``, ``clock`` and ``queue_depth`` are seams for
     tests and for the scheduler (``queue_depth(device_index)`` feeds least-loaded
-    placement).
+    placement). ``events`` hears about every load and load failure.
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class ModelRegistry:
         clock: Callable[[], float] = time.monotonic,
         queue_depth: Callable[[int], int] | None = None,
         on_unload: Callable[[LoadedModel], None] | None = None,
+        events: CoreEvents | None = None,
     ) -> None:
         if not devices:
             raise ValueError("the registry needs at least one device")
@@ -150,6 +152,7 @@ class ModelRegistry:
         self._queue_depth = queue_depth or (lambda index: 0)
         # Told when a model goes away, so frames still queued for it fail cleanly.
         self._on_unload = on_unload or (lambda model: None)
+        self.events: CoreEvents = events or NoCoreEvents()
         self._entries: dict[str, ModelEntry] = {}
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lipstream-load-{d.name}")
@@ -207,6 +210,11 @@ class ModelRegistry:
     @property
     def devices(self) -> list[Device]:
         return list(self._devices)
+
+    @property
+    def memory_probe(self) -> MemoryProbe:
+        """What measures the devices' memory (used and total)."""
+        return self._probe
 
     @property
     def evictions(self) -> dict[EvictionReason, int]:
@@ -322,10 +330,12 @@ class ModelRegistry:
         except ModelLoadError as exc:
             entry.state, entry.last_error = "failed", str(exc)
             logger.error("model %s failed to load: %s", model_id, exc)
+            self.events.model_load_failed()
             raise
         except Exception as exc:
             entry.state, entry.last_error = "failed", f"unexpected error: {exc!r}"
             logger.exception("model %s failed to load with an unexpected error", model_id)
+            self.events.model_load_failed()
             raise ModelLoadError(f"model {model_id!r} failed to load: {exc!r}") from exc
         finally:
             entry.load_task = None
@@ -505,6 +515,7 @@ class ModelRegistry:
             load_seconds * 1000,
             model.max_batch_size,
         )
+        self.events.model_loaded(device.name, load_seconds)
         return model
 
     def _open_session(self, path: Path, device: Device) -> ort.InferenceSession:

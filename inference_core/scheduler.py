@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference_core.events import CoreEvents, NoCoreEvents
 from inference_core.exceptions import (
     DeadlineExceededError,
     InferenceError,
@@ -87,13 +88,15 @@ class _Job:
     runner: ModelRunner | None
     batch: list[FrameRequest]
     expired: list[tuple[FrameRequest, float]]  # (request, seconds late)
+    waits: list[float]  # seconds each frame of the batch was queued
 
 
 class DeviceScheduler:
     """Queues frames for one device and runs them in per-model batches on worker threads.
 
     ``submit`` is called on the event loop and only takes a short lock. Deadlines are on
-    ``clock`` (``time.monotonic`` unless a test injects another clock).
+    ``clock`` (``time.monotonic`` unless a test injects another clock). ``events`` hears
+    about every batch run (it may be replaced before :meth:`start`).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class DeviceScheduler:
         max_batch_size: int,
         max_wait_ms: float,
         clock: Callable[[], float] = time.monotonic,
+        events: CoreEvents | None = None,
     ) -> None:
         if workers < 1 or queue_size < 1 or max_batch_size < 1:
             raise ValueError(
@@ -118,6 +122,7 @@ class DeviceScheduler:
         self._max_batch_size = max_batch_size
         self._max_wait = max_wait_ms / 1000.0
         self._clock = clock
+        self.events: CoreEvents = events or NoCoreEvents()
         self._thread_names = [f"lipstream-{name}-w{i}" for i in range(workers)]
         # One condition guards every field below; workers wait on it for frames.
         self._cond = threading.Condition()
@@ -298,7 +303,7 @@ class DeviceScheduler:
                 for request, late in job.expired:
                     request.fail(_expired_error(request.model_id, late))
                 if job.runner is not None and job.batch:
-                    self._run(index, job.runner, job.batch)
+                    self._run(index, job.runner, job.batch, job.waits)
         except Exception:  # a scheduler bug: say so loudly; the other workers carry on
             logger.exception("%s stopped by an unexpected error", name)
         finally:
@@ -340,24 +345,27 @@ class DeviceScheduler:
                     self._stats.record_expired(request.model_id, 1)
             if best is None:
                 if expired:  # fail them now, outside the lock, then look again
-                    return _Job(None, [], expired)
+                    return _Job(None, [], expired, [])
                 self._cond.wait(None if wake_at == math.inf else wake_at - now)
                 continue
             runner = best.runner
-            batch = [entry[3] for entry in best.pop_batch(self._limit(runner))]
+            entries = best.pop_batch(self._limit(runner))
+            batch = [entry[3] for entry in entries]
             if not best.heap:
                 del self._queues[best_id]
             self._pending -= len(batch)
             self._in_flight += len(batch)
             if self._queues:
                 self._cond.notify()  # more work may be ready for another worker
-            return _Job(runner, batch, expired)
+            return _Job(runner, batch, expired, [now - entry[2] for entry in entries])
         return None
 
     def _limit(self, runner: ModelRunner) -> int:
         return max(1, min(self._max_batch_size, runner.max_batch_size))
 
-    def _run(self, index: int, runner: ModelRunner, batch: list[FrameRequest]) -> None:
+    def _run(
+        self, index: int, runner: ModelRunner, batch: list[FrameRequest], waits: list[float]
+    ) -> None:
         """Run one batch outside the lock; count it before its futures complete."""
         model_id = runner.model_id
         if logger.isEnabledFor(logging.DEBUG):
@@ -399,6 +407,7 @@ class DeviceScheduler:
         else:
             for request, output in zip(batch, outputs, strict=True):
                 request.resolve(output)
+        self.events.batch_done(self.name, len(batch), waits, busy)
 
 
 def _expired_error(model_id: str, late_seconds: float) -> DeadlineExceededError:

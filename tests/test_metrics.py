@@ -1,0 +1,369 @@
+"""GET /metrics on the real app, and the event seam the inference core reports through."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import aioice.ice
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from config.settings import Settings
+from inference_core.avatar import AvatarLocator
+from inference_core.core import InferenceCore
+from inference_core.exceptions import ModelLoadError
+from inference_core.frame_request import FrameRequest
+from inference_core.scheduler import DeviceScheduler
+from tests.packages import make_package
+from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
+from tests.webrtc_client import Caller
+from web.app import build_app
+
+DEVICES = ("cpu:0", "cpu:1")
+VISUAL = (6, 320, 320)
+AUDIO = (32, 16, 16)
+# Every label a family may carry, and the values it may take ("le" is a bucket bound).
+DROP_REASONS = {
+    "deadline",
+    "queue_full",
+    "shutting_down",
+    "overload",
+    "late",
+    "not_ready",
+    "error",
+    "model_unloaded",
+}
+ALLOWED_LABELS = {
+    "device": set(DEVICES),
+    "reason": DROP_REASONS | {"capacity", "idle", "admin"},
+    "event": {"started", "ended", "rejected", "failed"},
+}
+FAMILIES = {
+    "counter": [
+        "lipstream_sessions",
+        "lipstream_frames_served",
+        "lipstream_frames_inferred",
+        "lipstream_frames_dropped",
+        "lipstream_device_frames_dropped",
+        "lipstream_inference_frames",
+        "lipstream_inference_failed_frames",
+        "lipstream_inference_batches",
+        "lipstream_inference_busy_seconds",
+        "lipstream_model_evictions",
+        "lipstream_model_loads",
+        "lipstream_model_load_failures",
+        "lipstream_background_cache_hits",
+        "lipstream_background_cache_misses",
+        "lipstream_background_cache_evictions",
+    ],
+    "gauge": [
+        "lipstream_sessions_live",
+        "lipstream_queue_depth",
+        "lipstream_queue_capacity",
+        "lipstream_frames_in_flight",
+        "lipstream_device_workers",
+        "lipstream_models_registered",
+        "lipstream_models_failed",
+        "lipstream_models_loaded",
+        "lipstream_models_loading",
+        "lipstream_device_model_memory_bytes",
+        "lipstream_device_memory_used_bytes",
+        "lipstream_device_memory_total_bytes",
+        "lipstream_background_cache_bytes",
+        "lipstream_background_cache_max_bytes",
+        "lipstream_background_cache_entries",
+    ],
+    "histogram": [
+        "lipstream_queue_wait_seconds",
+        "lipstream_batch_inference_seconds",
+        "lipstream_frame_delay_seconds",
+        "lipstream_model_load_seconds",
+        "lipstream_inference_batch_size",
+    ],
+}
+
+
+def _settings(root: Path) -> Settings:
+    return Settings.model_validate(
+        {
+            "avatars": {"root": str(root), "data_dir": str(root / "data"), "demo": False},
+            "devices": {"kind": "cpu", "count": 2, "workers_per_device": 2},
+            "batching": {"max_batch_size": 2, "max_wait_ms": 2},
+        }
+    )
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[TestClient[object, object]]:
+    root = tmp_path / "avatars"
+    make_package(root / "alice")
+    broken = make_package(root / "broken")
+    (broken / "lipsync.onnx").write_bytes(b"not an onnx model")
+    async with TestClient(TestServer(build_app(_settings(root)))) as test_client:
+        yield test_client
+
+
+async def scrape(client: TestClient[object, object]) -> dict[str, Metric]:
+    response = await client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return {family.name: family for family in text_string_to_metric_families(await response.text())}
+
+
+def value(families: dict[str, Metric], sample: str, **labels: str) -> float:
+    """The sum of the samples named ``sample`` whose labels include ``labels``."""
+    return sum(
+        s.value
+        for family in families.values()
+        for s in family.samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def infer_body(n: int) -> bytes:
+    rng = np.random.default_rng(n)
+    visual = rng.random((n, *VISUAL), dtype=np.float32)
+    audio = rng.normal(0, 1, (n, *AUDIO)).astype(np.float32)
+    return visual.astype("<f4").tobytes() + audio.astype("<f4").tobytes()
+
+
+def assert_labels_bounded(families: dict[str, Metric], forbidden: Sequence[str]) -> None:
+    for family in families.values():
+        for sample in family.samples:
+            for key, label in sample.labels.items():
+                assert label not in forbidden, (sample.name, key, label)
+                if key == "le":
+                    float(label)  # a bucket bound, never a name
+                else:
+                    assert label in ALLOWED_LABELS[key], (sample.name, key, label)
+
+
+async def test_every_family_is_served_before_any_traffic(
+    client: TestClient[object, object],
+) -> None:
+    families = await scrape(client)
+    for kind, names in FAMILIES.items():
+        for name in names:
+            assert name in families, name
+            assert families[name].type == kind, name
+    for device in DEVICES:
+        assert value(families, "lipstream_queue_depth", device=device) == 0
+        assert value(families, "lipstream_device_workers", device=device) == 2
+        assert value(families, "lipstream_device_memory_used_bytes", device=device) > 0
+        assert value(families, "lipstream_batch_inference_seconds_count", device=device) == 0
+    assert value(families, "lipstream_models_registered") == 2
+    assert value(families, "lipstream_models_loaded") == 0
+    assert value(families, "lipstream_sessions_live") == 0
+    assert value(families, "lipstream_sessions_total", event="started") == 0
+
+
+async def test_raw_frames_move_the_inference_counters_and_histograms(
+    client: TestClient[object, object],
+) -> None:
+    response = await client.post("/v1/infer/alice?batch_size=5", data=io.BytesIO(infer_body(5)))
+    assert response.status == 200, await response.text()
+    device = response.headers["X-Lipstream-Device"]
+    families = await scrape(client)
+
+    assert value(families, "lipstream_inference_frames_total", device=device) == 5
+    assert value(families, "lipstream_inference_frames_total") == 5  # nothing on the other
+    batches = value(families, "lipstream_inference_batches_total", device=device)
+    assert 3 <= batches <= 5  # max_batch_size=2: at least three batches for five frames
+    assert value(families, "lipstream_batch_inference_seconds_count", device=device) == batches
+    assert value(families, "lipstream_batch_inference_seconds_sum", device=device) > 0
+    assert value(families, "lipstream_queue_wait_seconds_count", device=device) == 5
+    assert value(families, "lipstream_inference_batch_size_count", device=device) == batches
+    assert value(families, "lipstream_inference_batch_size_sum", device=device) == 5
+    assert value(families, "lipstream_inference_batch_size_bucket", device=device, le="+Inf") == (
+        batches
+    )
+    assert value(families, "lipstream_inference_busy_seconds_total", device=device) > 0
+    assert value(families, "lipstream_queue_depth", device=device) == 0
+
+    assert value(families, "lipstream_model_loads_total") == 1
+    assert value(families, "lipstream_model_loads_total", device=device) == 1
+    assert value(families, "lipstream_model_load_seconds_count") == 1
+    assert value(families, "lipstream_model_load_seconds_sum", device=device) > 0
+    assert value(families, "lipstream_model_load_failures_total") == 0
+    assert value(families, "lipstream_models_loaded", device=device) == 1
+    assert value(families, "lipstream_device_model_memory_bytes", device=device) > 0
+    assert_labels_bounded(families, forbidden=["alice", "broken"])
+
+
+async def test_a_corrupt_model_counts_a_load_failure(client: TestClient[object, object]) -> None:
+    response = await client.post("/v1/infer/broken?batch_size=1", data=io.BytesIO(infer_body(1)))
+    assert response.status == 500
+    families = await scrape(client)
+    assert value(families, "lipstream_model_load_failures_total") == 1
+    assert value(families, "lipstream_models_failed") == 1
+    assert value(families, "lipstream_model_loads_total") == 0
+    assert value(families, "lipstream_model_load_seconds_count") == 0
+    assert_labels_bounded(families, forbidden=["alice", "broken"])
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+async def test_a_live_session_feeds_frame_delays_and_session_counters(
+    tmp_path: Path, loopback: None
+) -> None:
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "video": {"preset": "ultrafast"},
+        }
+    )
+    app = build_app(settings)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        caller = Caller(client)
+        await caller.connect(microphone=None)
+        try:
+            await caller.wait_for_frames(5)
+            session_id = caller.session_id
+            said = await client.post(f"/sessions/{session_id}/say", json={"text": "hello there"})
+            assert said.status == 202, await said.text()
+            for _ in range(100):  # until a few lip-synced frames were composed
+                await asyncio.sleep(0.1)
+                live = await scrape(client)
+                if value(live, "lipstream_frame_delay_seconds_count") >= 5:
+                    break
+        finally:
+            await caller.hang_up()
+        assert value(live, "lipstream_frame_delay_seconds_count") >= 5
+        assert value(live, "lipstream_frame_delay_seconds_sum") > 0
+        assert value(live, "lipstream_sessions_live") == 1
+        assert value(live, "lipstream_frames_served_total") > 0
+        assert value(live, "lipstream_frames_inferred_total") > 0
+        assert value(live, "lipstream_background_cache_entries") > 0
+        # The demo model was loaded by the session, after the metrics were attached.
+        assert value(live, "lipstream_model_loads_total") == 1
+        assert_labels_bounded(live, forbidden=[session_id, "demo"])
+
+        ended = await scrape(client)
+        assert value(ended, "lipstream_sessions_live") == 0
+        assert value(ended, "lipstream_sessions_total", event="started") == 1
+        assert value(ended, "lipstream_sessions_total", event="ended") == 1
+        assert_labels_bounded(ended, forbidden=[session_id, "demo"])
+
+
+# -- the event seam, without prometheus ------------------------------------------------
+
+
+class RecordingEvents:
+    """A :class:`~inference_core.events.CoreEvents` that keeps everything it hears."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[tuple[str, int, list[float], float]] = []
+        self.loads: list[tuple[str, float]] = []
+        self.load_failures = 0
+
+    def batch_done(
+        self, device: str, batch_size: int, queue_waits_s: Sequence[float], run_s: float
+    ) -> None:
+        with self.lock:
+            self.batches.append((device, batch_size, list(queue_waits_s), run_s))
+
+    def model_loaded(self, device: str, seconds: float) -> None:
+        with self.lock:
+            self.loads.append((device, seconds))
+
+    def model_load_failed(self) -> None:
+        with self.lock:
+            self.load_failures += 1
+
+
+@pytest.fixture
+def stopped_after() -> Iterator[list[DeviceScheduler]]:
+    schedulers: list[DeviceScheduler] = []
+    yield schedulers
+    for scheduler in schedulers:
+        scheduler.stop(timeout=10)
+
+
+async def test_scheduler_reports_each_batch_with_its_queue_waits(
+    stopped_after: list[DeviceScheduler],
+) -> None:
+    clock = FakeClock()
+    events = RecordingEvents()
+    scheduler = DeviceScheduler(
+        "cpu:7",
+        workers=1,
+        queue_size=8,
+        max_batch_size=2,
+        max_wait_ms=0,
+        clock=clock,
+        events=events,
+    )
+    stopped_after.append(scheduler)
+    runner = RecordingRunner("m")
+    requests: list[FrameRequest] = []
+    for i in range(3):  # queued before the worker starts: waits are exact on the fake clock
+        requests.append(frame("m", clock.now + 100, value=i))
+        scheduler.submit(requests[-1], runner)
+        clock.advance(0.010)
+    scheduler.start()
+    await settle(requests)
+    scheduler.stop(timeout=10)  # joins the worker: every batch_done call has happened
+
+    assert [(device, size) for device, size, _, _ in events.batches] == [("cpu:7", 2), ("cpu:7", 1)]
+    waits = [w for _, _, batch_waits, _ in events.batches for w in batch_waits]
+    assert waits == pytest.approx([0.030, 0.020, 0.010])
+    assert [run_s for *_, run_s in events.batches] == [0.0, 0.0]  # the fake clock stood still
+    stats = scheduler.stats()
+    assert stats.batches == len(events.batches)
+    assert stats.completed == sum(size for _, size, _, _ in events.batches)
+
+
+async def test_scheduler_reports_failed_batches_too(stopped_after: list[DeviceScheduler]) -> None:
+    events = RecordingEvents()
+    scheduler = DeviceScheduler(
+        "cpu:7", workers=1, queue_size=8, max_batch_size=4, max_wait_ms=0, events=events
+    )
+    stopped_after.append(scheduler)
+    scheduler.start()
+    runner = RecordingRunner("m", errors=[RuntimeError("boom")])
+    request = frame("m", time.monotonic() + 100)
+    scheduler.submit(request, runner)
+    [outcome] = await settle([request])
+    assert isinstance(outcome, Exception)
+    scheduler.stop(timeout=10)
+    assert [(d, n, len(w)) for d, n, w, _ in events.batches] == [("cpu:7", 1, 1)]
+
+
+async def test_core_reports_loads_failures_and_batches_to_its_events(tmp_path: Path) -> None:
+    make_package(tmp_path / "alice")
+    (make_package(tmp_path / "broken") / "lipsync.onnx").write_bytes(b"corrupt")
+    events = RecordingEvents()
+    core = InferenceCore(
+        _settings(tmp_path), AvatarLocator(tmp_path, tmp_path / "data", demo=False), events=events
+    )
+    await core.start()
+    try:
+        with pytest.raises(ModelLoadError):
+            await core.open("broken")
+        async with await core.open("alice") as alice:
+            rng = np.random.default_rng(0)
+            visual = rng.random((3, *VISUAL), dtype=np.float32)
+            audio = rng.normal(0, 1, (3, *AUDIO)).astype(np.float32)
+            await alice.infer(visual, audio, timeout_s=10)
+            device = alice.device.name
+    finally:
+        await core.stop()  # joins the workers: every hook has been called
+    assert events.load_failures == 1
+    assert [d for d, _ in events.loads] == [device]
+    assert all(seconds > 0 for _, seconds in events.loads)
+    assert {d for d, *_ in events.batches} == {device}
+    assert sum(n for _, n, _, _ in events.batches) == 3
+    assert all(len(waits) == n for _, n, waits, _ in events.batches)

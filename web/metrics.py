@@ -1,0 +1,388 @@
+"""``GET /metrics``: the server's counters, gauges and histograms for Prometheus.
+
+Two sources, one :class:`~prometheus_client.CollectorRegistry` owned by the app
+(``app[METRICS]``; no global registry):
+
+* :class:`ServerCollector` reads what the server already counts (schedulers, model
+  registry, sessions, background cache) at scrape time, so nothing is counted twice.
+* :class:`MetricsEvents` observes durations as they happen. It implements
+  :class:`~inference_core.events.CoreEvents` (batches run, models loaded) and the
+  sessions' ``on_frame_ready`` hook, so neither the core nor the sessions import
+  prometheus.
+
+Labels are bounded: device names and fixed reason sets only. Session ids and model ids
+are never labels (1,200 models would be 1,200 series per metric); per-model figures are
+in the admin JSON API.
+
+==========================================  =========  ===========  ====================
+metric                                      type       labels       source
+==========================================  =========  ===========  ====================
+lipstream_sessions_live                     gauge                   sessions
+lipstream_sessions_total                    counter    event        sessions
+lipstream_frames_served_total               counter                 sessions
+lipstream_frames_inferred_total             counter                 sessions
+lipstream_frames_dropped_total              counter    reason       sessions
+lipstream_frame_delay_seconds               histogram               on_frame_ready
+lipstream_queue_depth                       gauge      device       scheduler
+lipstream_queue_capacity                    gauge      device       scheduler
+lipstream_frames_in_flight                  gauge      device       scheduler
+lipstream_device_workers                    gauge      device       scheduler
+lipstream_device_frames_dropped_total       counter    device,      scheduler
+                                                       reason
+lipstream_inference_frames_total            counter    device       scheduler
+lipstream_inference_failed_frames_total     counter    device       scheduler
+lipstream_inference_batches_total           counter    device       scheduler
+lipstream_inference_busy_seconds_total      counter    device       scheduler
+lipstream_inference_batch_size              histogram  device       scheduler
+lipstream_queue_wait_seconds                histogram  device       batch_done
+lipstream_batch_inference_seconds           histogram  device       batch_done
+lipstream_models_registered                 gauge                   registry
+lipstream_models_failed                     gauge                   registry
+lipstream_models_loaded                     gauge      device       registry
+lipstream_models_loading                    gauge      device       registry
+lipstream_device_model_memory_bytes         gauge      device       registry
+lipstream_device_memory_used_bytes          gauge      device       memory probe
+lipstream_device_memory_total_bytes         gauge      device       memory probe
+lipstream_model_evictions_total             counter    reason       registry
+lipstream_model_loads_total                 counter    device       model_loaded
+lipstream_model_load_failures_total         counter                 model_load_failed
+lipstream_model_load_seconds                histogram  device       model_loaded
+lipstream_background_cache_bytes            gauge                   cache
+lipstream_background_cache_max_bytes        gauge                   cache
+lipstream_background_cache_entries          gauge                   cache
+lipstream_background_cache_hits_total       counter                 cache
+lipstream_background_cache_misses_total     counter                 cache
+lipstream_background_cache_evictions_total  counter                 cache
+==========================================  =========  ===========  ====================
+
+``lipstream_frames_dropped_total`` counts live-session frames by why they were not shown
+(``deadline``, ``queue_full``, ``shutting_down``, ``overload``, ``late``, ``not_ready``,
+``error``); ``lipstream_device_frames_dropped_total`` counts every frame a device
+scheduler accepted but did not run (``deadline``, ``shutting_down``,
+``model_unloaded``) or refused (``queue_full``), raw API frames included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import MappingProxyType
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from inference_core.core import InferenceCore
+from streaming.session_manager import SessionManager
+from web.app_keys import CORE, METRICS, SESSIONS
+
+# The classic text format: every Prometheus version reads it.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Session drop reasons are exception class names or short words (streaming/session.py);
+# anything not listed here is counted as "error", so the label set stays fixed.
+_DROP_REASONS = MappingProxyType(
+    {
+        "DeadlineExceededError": "deadline",
+        "QueueFullError": "queue_full",
+        "ShuttingDownError": "shutting_down",
+        "overload": "overload",
+        "late": "late",
+        "not_ready": "not_ready",
+    }
+)
+
+# Bucket bounds. Frames have a delay budget of ~100-200 ms and a batching window of a few
+# ms, so the small buckets are fine-grained; loads take from 100 ms (CPU) to a minute.
+_QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+_BATCH_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+_FRAME_DELAY_BUCKETS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+_BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class MetricsEvents:
+    """Histograms and counters fed as things happen (from worker, load and loop threads).
+
+    Implements :class:`~inference_core.events.CoreEvents`; :meth:`frame_ready` is the
+    sessions' ``on_frame_ready`` hook. prometheus_client metrics are thread-safe.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queue_wait = Histogram(
+            "lipstream_queue_wait_seconds",
+            "Time a frame waited in its device queue before its batch was taken.",
+            ["device"],
+            buckets=_QUEUE_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.batch_inference = Histogram(
+            "lipstream_batch_inference_seconds",
+            "Time one batch spent in the model (run_batch), successful or not.",
+            ["device"],
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.frame_delay = Histogram(
+            "lipstream_frame_delay_seconds",
+            "Live sessions: time from a frame's audio being complete to the frame being ready.",
+            buckets=_FRAME_DELAY_BUCKETS,
+            registry=registry,
+        )
+        self.model_load = Histogram(
+            "lipstream_model_load_seconds",
+            "Time to open and warm up a model on a device.",
+            ["device"],
+            buckets=_LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.model_loads = Counter(
+            "lipstream_model_loads", "Models loaded.", ["device"], registry=registry
+        )
+        self.model_load_failures = Counter(
+            "lipstream_model_load_failures",
+            "Model loads that failed (missing or corrupt file, out of memory, unexpected).",
+            registry=registry,
+        )
+
+    def start_devices(self, devices: Sequence[str]) -> None:
+        """Create each device's series at zero, so rates work from the first frame on."""
+        for device in devices:
+            self.queue_wait.labels(device)
+            self.batch_inference.labels(device)
+            self.model_load.labels(device)
+            self.model_loads.labels(device)
+
+    def batch_done(
+        self, device: str, batch_size: int, queue_waits_s: Sequence[float], run_s: float
+    ) -> None:
+        waits = self.queue_wait.labels(device)
+        for wait in queue_waits_s:
+            waits.observe(wait)
+        self.batch_inference.labels(device).observe(run_s)
+
+    def model_loaded(self, device: str, seconds: float) -> None:
+        self.model_load.labels(device).observe(seconds)
+        self.model_loads.labels(device).inc()
+
+    def model_load_failed(self) -> None:
+        self.model_load_failures.inc()
+
+    def frame_ready(self, delay_s: float) -> None:
+        self.frame_delay.observe(delay_s)
+
+
+class ServerCollector(Collector):
+    """Reads the server's own counters at scrape time (on the event loop)."""
+
+    def __init__(self, core: InferenceCore, sessions: SessionManager) -> None:
+        self._core = core
+        self._sessions = sessions
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._sessions_metrics()
+        yield from self._scheduler_metrics()
+        yield from self._registry_metrics()
+        yield from self._cache_metrics()
+
+    def _sessions_metrics(self) -> Iterator[Metric]:
+        totals = self._sessions.totals()
+        yield GaugeMetricFamily(
+            "lipstream_sessions_live", "Live sessions.", value=len(self._sessions.sessions)
+        )
+        events = CounterMetricFamily(
+            "lipstream_sessions",
+            "Sessions by event: started, ended, rejected (at capacity or shutting down), "
+            "failed (offer could not be answered).",
+            labels=["event"],
+        )
+        events.add_metric(["started"], totals.started)
+        events.add_metric(["ended"], totals.ended)
+        events.add_metric(["rejected"], totals.rejected)
+        events.add_metric(["failed"], totals.failed)
+        yield events
+        yield CounterMetricFamily(
+            "lipstream_frames_served",
+            "Video frames sent to callers (lip-synced or idle).",
+            value=totals.frames_sent,
+        )
+        yield CounterMetricFamily(
+            "lipstream_frames_inferred",
+            "Live-session frames composed with an inferred face.",
+            value=totals.frames_inferred,
+        )
+        by_reason = dict.fromkeys((*_DROP_REASONS.values(), "error"), 0)
+        for name, count in totals.frames_dropped.items():
+            by_reason[_DROP_REASONS.get(name, "error")] += count
+        dropped = CounterMetricFamily(
+            "lipstream_frames_dropped",
+            "Live-session frames not shown lip-synced, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in by_reason.items():
+            dropped.add_metric([reason], count)
+        yield dropped
+
+    def _scheduler_metrics(self) -> Iterator[Metric]:
+        stats = [scheduler.stats() for scheduler in self._core.schedulers]
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["device"])
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["device"])
+
+        depth = gauge("lipstream_queue_depth", "Frames waiting in the device queue.")
+        capacity = gauge("lipstream_queue_capacity", "Frames the device queue holds at most.")
+        in_flight = gauge("lipstream_frames_in_flight", "Frames in batches running now.")
+        workers = gauge("lipstream_device_workers", "Worker threads running batches.")
+        frames = counter("lipstream_inference_frames", "Frames run through a model.")
+        failed = counter("lipstream_inference_failed_frames", "Frames whose batch failed.")
+        batches = counter("lipstream_inference_batches", "Batches run.")
+        busy = counter(
+            "lipstream_inference_busy_seconds", "Worker time spent running batches (all workers)."
+        )
+        dropped = CounterMetricFamily(
+            "lipstream_device_frames_dropped",
+            "Frames a device refused (queue_full) or accepted but did not run.",
+            labels=["device", "reason"],
+        )
+        sizes = HistogramMetricFamily(
+            "lipstream_inference_batch_size", "Frames per batch run.", labels=["device"]
+        )
+        for s in stats:
+            device = [s.device]
+            depth.add_metric(device, s.queue_depth)
+            capacity.add_metric(device, s.queue_size)
+            in_flight.add_metric(device, s.in_flight)
+            workers.add_metric(device, len(s.workers))
+            frames.add_metric(device, s.completed + s.failed)
+            failed.add_metric(device, s.failed)
+            batches.add_metric(device, s.batches)
+            busy.add_metric(device, s.busy_seconds)
+            dropped.add_metric([s.device, "deadline"], s.expired)
+            dropped.add_metric([s.device, "queue_full"], s.rejected)
+            dropped.add_metric([s.device, "shutting_down"], s.shut_down)
+            dropped.add_metric([s.device, "model_unloaded"], s.dropped)
+            sizes.add_metric(
+                device,
+                buckets=_cumulative(s.batch_sizes),
+                sum_value=sum(size * count for size, count in s.batch_sizes.items()),
+            )
+        yield from (depth, capacity, in_flight, workers, frames, failed, batches, busy)
+        yield from (dropped, sizes)
+
+    def _registry_metrics(self) -> Iterator[Metric]:
+        registry = self._core.registry
+        models = registry.model_stats()
+        yield GaugeMetricFamily(
+            "lipstream_models_registered", "Models known to the server.", value=len(models)
+        )
+        yield GaugeMetricFamily(
+            "lipstream_models_failed",
+            "Models whose last load failed (the next request retries).",
+            value=sum(1 for m in models if m.state == "failed"),
+        )
+        loaded = GaugeMetricFamily("lipstream_models_loaded", "Models loaded.", labels=["device"])
+        loading = GaugeMetricFamily(
+            "lipstream_models_loading", "Model loads placed, not finished.", labels=["device"]
+        )
+        model_memory = GaugeMetricFamily(
+            "lipstream_device_model_memory_bytes",
+            "Memory of the loaded models, as measured around each load.",
+            labels=["device"],
+        )
+        for d in registry.device_stats():
+            loaded.add_metric([d.device], d.models_loaded)
+            loading.add_metric([d.device], d.models_loading)
+            model_memory.add_metric([d.device], d.memory_used_bytes)
+        yield from (loaded, loading, model_memory)
+        probe = registry.memory_probe
+        used = GaugeMetricFamily(
+            "lipstream_device_memory_used_bytes",
+            "Memory in use: the whole GPU (NVML) for cuda, this process's RSS for cpu.",
+            labels=["device"],
+        )
+        total = GaugeMetricFamily(
+            "lipstream_device_memory_total_bytes",
+            "Memory the device has (capped by devices.max_memory_per_device); absent if unknown.",
+            labels=["device"],
+        )
+        for device in registry.devices:
+            used.add_metric([device.name], probe.used_bytes(device))
+            size = probe.total_bytes(device)
+            if size is not None:
+                total.add_metric([device.name], size)
+        yield from (used, total)
+        evictions = CounterMetricFamily(
+            "lipstream_model_evictions",
+            "Models unloaded, by reason: capacity (room for a load), idle, admin.",
+            labels=["reason"],
+        )
+        for reason, count in registry.evictions.items():
+            evictions.add_metric([reason], count)
+        yield evictions
+
+    def _cache_metrics(self) -> Iterator[Metric]:
+        c = self._sessions.cache.stats()
+        prefix = "lipstream_background_cache"
+        yield GaugeMetricFamily(f"{prefix}_bytes", "Bytes of cached frames.", value=c.bytes)
+        yield GaugeMetricFamily(
+            f"{prefix}_max_bytes", "Cache size limit in bytes.", value=c.max_bytes
+        )
+        yield GaugeMetricFamily(f"{prefix}_entries", "Frames cached.", value=c.entries)
+        yield CounterMetricFamily(f"{prefix}_hits", "Lookups served from memory.", value=c.hits)
+        yield CounterMetricFamily(
+            f"{prefix}_misses", "Lookups that loaded a frame.", value=c.misses
+        )
+        yield CounterMetricFamily(
+            f"{prefix}_evictions", "Frames dropped to stay within the limit.", value=c.evictions
+        )
+
+
+def _cumulative(batch_sizes: dict[int, int]) -> list[tuple[str, float]]:
+    """Per-size batch counts as cumulative histogram buckets (``le`` strings, ``+Inf``)."""
+    buckets: list[tuple[str, float]] = [
+        (str(bound), sum(n for size, n in batch_sizes.items() if size <= bound))
+        for bound in _BATCH_SIZE_BOUNDS
+    ]
+    buckets.append(("+Inf", sum(batch_sizes.values())))
+    return buckets
+
+
+def add_metrics_routes(app: web.Application) -> None:
+    """Serve ``GET /metrics`` from a registry owned by ``app`` (``app[METRICS]``).
+
+    The collectors are attached on start-up, once the inference core and the session
+    manager exist. Models loaded before that (``preload: true``) are counted then.
+    """
+    registry = CollectorRegistry()
+    events = MetricsEvents(registry)
+    app[METRICS] = registry
+
+    async def attach(app: web.Application) -> None:
+        core, sessions = app[CORE], app[SESSIONS]
+        events.start_devices([device.name for device in core.devices])
+        core.set_events(events)
+        sessions.on_frame_ready = events.frame_ready
+        for model in core.registry.model_stats():
+            if model.device is not None and model.load_seconds is not None:
+                events.model_loaded(model.device, model.load_seconds)
+        registry.register(ServerCollector(core, sessions))
+
+    # on_startup runs after every cleanup_ctx has started, wherever this call is placed.
+    app.on_startup.append(attach)
+    app.router.add_get("/metrics", serve_metrics)
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    """The metrics in the Prometheus text format (0.0.4)."""
+    # On the loop, not in a thread: the registry's bookkeeping belongs to the loop, and a
+    # scrape reads counters, it computes nothing heavy.
+    body = generate_latest(request.app[METRICS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
