@@ -95,7 +95,10 @@ class RequestError(Exception):
 def response_for(exc: Exception) -> web.Response:
     """The JSON response for a library error (500 for anything not mapped)."""
     if isinstance(exc, RequestError):
-        return json_error(exc.status, exc.code, str(exc), retry_after=exc.retry_after)
+        response = json_error(exc.status, exc.code, str(exc), retry_after=exc.retry_after)
+        if exc.status == 401:  # RFC 7235: a 401 names the scheme to use
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
     for kind, status, code, retry_after in _MAPPING:
         if isinstance(exc, kind):
             return json_error(status, code, str(exc), retry_after=retry_after)
