@@ -430,7 +430,9 @@ class Session:
         try:
             await self.pc.close()
         except Exception:  # aiortc can raise from close on a half-set-up connection
-            logger.warning("closing the peer connection failed: session=%s", self.session_id, exc_info=True)
+            logger.warning(
+                "closing the peer connection failed: session=%s", self.session_id, exc_info=True
+            )
         self.model.close()
         p50, p95 = self.stats.processing_percentiles()
         logger.info(
