@@ -85,6 +85,7 @@ async def offer(request: web.Request) -> web.Response:
     sdp_type = _string(data, "type")
     avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
     require_token(request, settings.auth, avatar)
+    request.app[CORE].registry.entry(avatar)  # 404 for an unknown avatar, whatever the SDP
     if sdp_type != "offer":
         raise RequestError(400, "bad_offer", f"type must be 'offer', got {sdp_type[:20]!r}")
     info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
