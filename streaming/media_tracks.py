@@ -123,6 +123,11 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._time_base = fractions.Fraction(1, OUT_RATE)
         self.chunks_skipped = 0
 
+    @property
+    def next_index(self) -> int:
+        """The next 20 ms chunk this track will send."""
+        return self._next
+
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError

@@ -488,7 +488,7 @@ class Session:
             sender.track is self.audio for sender in self.pc.getSenders()
         ):
             return None
-        audio_s = self.audio._next * AUDIO_CHUNK_S  # the next chunk the track sends
+        audio_s = self.audio.next_index * AUDIO_CHUNK_S  # the next chunk the track sends
         video_s = self.video.next_index / self.fps
         return round((audio_s - video_s) * 1000, 1)
 

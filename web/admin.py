@@ -28,12 +28,11 @@ from typing import TypedDict
 
 from aiohttp import web
 
-from inference_core.devices import SystemMemoryProbe
 from inference_core.exceptions import ModelLoadError
 from inference_core.registry import ModelStats
 from streaming.session import AddedDelay
 from web.admin_auth import admin_only
-from web.app_keys import CORE, DRAINING, MEMORY_PROBE, SESSIONS, SETTINGS, STARTED_AT, DrainState
+from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
 from web.errors import RequestError
 from web.health import health, ready
 
@@ -227,7 +226,7 @@ async def stats(request: web.Request) -> web.Response:
     app = request.app
     core, sessions = app[CORE], app[SESSIONS]
     models = _models(request)
-    probe = app[MEMORY_PROBE]
+    probe = app[CORE].registry.memory_probe
     totals_by_device = await asyncio.to_thread(lambda: [probe.total_bytes(d) for d in core.devices])
     devices: list[DeviceInfo] = []
     for device, held, scheduler, total in zip(
@@ -347,9 +346,7 @@ def add_admin_routes(app: web.Application) -> None:
 
     async def admin_state(app: web.Application) -> AsyncIterator[None]:
         app[STARTED_AT] = time.monotonic()
-        app[MEMORY_PROBE] = SystemMemoryProbe(app[SETTINGS].devices)
         yield
-        await asyncio.to_thread(app[MEMORY_PROBE].close)
 
     app.cleanup_ctx.append(admin_state)
     router = app.router

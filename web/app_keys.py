@@ -9,7 +9,6 @@ from prometheus_client import CollectorRegistry
 
 from config.settings import Settings
 from inference_core.core import InferenceCore
-from inference_core.devices import SystemMemoryProbe
 from streaming.session_manager import SessionManager
 from streaming.tts import TtsEngine
 from web.rate_limit import RateLimiter
@@ -42,5 +41,4 @@ class DrainState:
 # started (time.monotonic(), for uptime) and the probe that reads device memory totals.
 DRAINING = web.AppKey("draining", DrainState)
 STARTED_AT = web.AppKey("started_at", float)
-MEMORY_PROBE = web.AppKey("memory_probe", SystemMemoryProbe)
 OFFER_LIMITER = web.AppKey("offer_limiter", RateLimiter)
