@@ -18,6 +18,12 @@ How a worker picks its next batch:
 
 A worker never idles in a batching window while another model's batch is ready: with
 many models that wait would be paid by every other session on the device.
+
+Workers are supervised: ``run_batch`` errors cost one batch and the worker carries on,
+but a worker can still die (a runner raising ``SystemExit``, a bug in this loop). Then
+its batch fails with an :class:`InferenceError`, the death is logged with its traceback
+and counted (``workers_restarted``), and a replacement thread with the same name takes
+its place, so the device keeps its worker count and no frame is left waiting forever.
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ logger = logging.getLogger(__name__)
 # (deadline, arrival sequence, enqueued at, request): a heap of these keeps a model's
 # frames in deadline order; the sequence breaks ties so requests are never compared.
 _Entry = tuple[float, int, float, FrameRequest]
+
+# A worker that dies within this many seconds of starting is replaced only after a
+# backoff (doubling up to the cap), so a bug that kills every worker at once does not
+# spin up threads and tracebacks as fast as the CPU allows.
+_QUICK_DEATH_S = 1.0
+_RESTART_BACKOFF_S = (0.05, 1.0)
 
 
 class _ModelQueue:
@@ -89,6 +101,16 @@ class _Job:
     batch: list[FrameRequest]
     expired: list[tuple[FrameRequest, float]]  # (request, seconds late)
     waits: list[float]  # seconds each frame of the batch was queued
+    counted: bool = False  # the batch left ``in_flight`` and is in the stats
+
+
+@dataclass
+class _Worker:
+    """One worker slot: its current thread and when that thread started (for backoff)."""
+
+    thread: threading.Thread
+    started: float = 0.0  # time.monotonic()
+    backoff: float = 0.0  # seconds the next replacement waits before serving
 
 
 class DeviceScheduler:
@@ -131,9 +153,11 @@ class DeviceScheduler:
         self._in_flight = 0
         self._sequence = itertools.count()
         self._stats = StatsRecorder(list(self._thread_names))
-        self._threads: list[threading.Thread] = []
+        self._workers: list[_Worker] = []  # one slot per worker index, its current thread
+        self._retired: list[threading.Thread] = []  # replaced threads, maybe still exiting
         self._started_at: float | None = None
         self._stopping = False
+        self._stopped = threading.Event()  # cuts a replacement's backoff short
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -142,22 +166,18 @@ class DeviceScheduler:
         with self._cond:
             if self._stopping:
                 raise ShuttingDownError(f"device {self.name} is shut down; cannot start it again")
-            if self._threads:
+            if self._workers:
                 raise RuntimeError(f"device {self.name} scheduler is already started")
             self._started_at = self._clock()
-            # Daemon threads: a run_batch stuck in native code must not keep the process
-            # alive after stop() gave up on it (stop logs which thread that was).
-            self._threads = [
-                threading.Thread(target=self._work, args=(i,), name=thread_name, daemon=True)
-                for i, thread_name in enumerate(self._thread_names)
+            now = time.monotonic()
+            self._workers = [
+                _Worker(self._spawn(index, 0.0), now) for index in range(len(self._thread_names))
             ]
-        for thread in self._threads:
-            thread.start()
         logger.info(
             "device %s scheduler started: workers=%d queue_size=%d max_batch_size=%d "
             "max_wait_ms=%.1f",
             self.name,
-            len(self._threads),
+            len(self._workers),
             self._queue_size,
             self._max_batch_size,
             self._max_wait * 1000,
@@ -178,17 +198,20 @@ class DeviceScheduler:
                 self._queues.clear()
                 self._pending = 0
                 self._stats.shut_down += len(leftovers)
+            self._stopped.set()
             self._cond.notify_all()
+            # No worker is replaced once stopping is set, so this list is complete.
+            threads = [worker.thread for worker in self._workers] + self._retired
         if leftovers:
             logger.info("device %s stopping: %d pending frames not run", self.name, len(leftovers))
         for request in leftovers:
             request.fail(ShuttingDownError(f"device {self.name} is shutting down; frame not run"))
         until = time.monotonic() + timeout
         current = threading.current_thread()
-        for thread in self._threads:
+        for thread in threads:
             if thread is not current:
                 thread.join(max(0.0, until - time.monotonic()))
-        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        stuck = [thread.name for thread in threads if thread.is_alive() and thread is not current]
         if stuck:
             logger.error(
                 "device %s: worker threads %s did not exit within %.1f s (stuck in run_batch?)",
@@ -291,10 +314,23 @@ class DeviceScheduler:
 
     # -- the worker side ----------------------------------------------------------------------
 
-    def _work(self, index: int) -> None:
+    def _spawn(self, index: int, delay: float) -> threading.Thread:
+        """Start a thread for worker slot ``index`` (called with the lock held)."""
+        # Daemon threads: a run_batch stuck in native code must not keep the process
+        # alive after stop() gave up on it (stop logs which thread that was).
+        thread = threading.Thread(
+            target=self._work, args=(index, delay), name=self._thread_names[index], daemon=True
+        )
+        thread.start()  # under the lock, so stop() never sees a thread it cannot join
+        return thread
+
+    def _work(self, index: int, delay: float) -> None:
         name = self._thread_names[index]
         logger.debug("%s started", name)
+        job: _Job | None = None
         try:
+            if delay > 0:
+                self._stopped.wait(delay)
             while True:
                 with self._cond:
                     job = self._next_job()
@@ -303,11 +339,65 @@ class DeviceScheduler:
                 for request, late in job.expired:
                     request.fail(_expired_error(request.model_id, late))
                 if job.runner is not None and job.batch:
-                    self._run(index, job.runner, job.batch, job.waits)
-        except Exception:  # a scheduler bug: say so loudly; the other workers carry on
-            logger.exception("%s stopped by an unexpected error", name)
+                    self._run(index, job)
+                job = None
+        # Whatever ends a worker (SystemExit from a runner, a bug in this loop) must not
+        # strand its frames or shrink the device: this is the one place that catches it.
+        except BaseException as exc:
+            self._worker_died(index, job, exc)
         finally:
             logger.debug("%s exited", name)
+
+    def _worker_died(self, index: int, job: _Job | None, exc: BaseException) -> None:
+        """Fail the dead worker's frames, count the death and start its replacement."""
+        name = self._thread_names[index]
+        batch = job.batch if job is not None else []
+        model_id = job.runner.model_id if job is not None and job.runner is not None else None
+        now = time.monotonic()
+        replacement: threading.Thread | None = None
+        lost = 0  # frames taken from the queue but never counted as run
+        with self._cond:
+            if job is not None and job.runner is not None and batch and not job.counted:
+                lost = len(batch)
+                self._in_flight -= lost
+                self._stats.record_batch(index, job.runner.model_id, lost, 0.0, ok=False)
+                job.counted = True
+            slot = self._workers[index]
+            if not self._stopping:
+                quick = now - slot.started < _QUICK_DEATH_S
+                low, high = _RESTART_BACKOFF_S
+                backoff = min(high, max(low, 2 * slot.backoff)) if quick else 0.0
+                try:
+                    replacement = self._spawn(index, backoff)
+                except RuntimeError:  # "can't start new thread": nothing left to try
+                    logger.exception("device %s: cannot replace worker %s", self.name, name)
+                else:
+                    self._retired = [t for t in self._retired if t.is_alive()]
+                    self._retired.append(slot.thread)
+                    self._workers[index] = _Worker(replacement, now + backoff, backoff)
+                    self._stats.workers_restarted += 1
+        logger.error(
+            "device %s: worker %s died (%r) with %d frames of %s in flight; %s",
+            self.name,
+            name,
+            exc,
+            lost,
+            model_id or "no model",
+            "replaced it" if replacement is not None else "not replaced",
+            exc_info=exc,
+        )
+        error = InferenceError(
+            f"worker {name} of device {self.name} died ({exc!r}) while running this frame of "
+            f"model {model_id}; "
+            + ("it was replaced: send the next frame" if replacement else "it was not replaced")
+        )
+        error.__cause__ = exc
+        # fail() is ignored for futures already completed, so a batch that had partly
+        # delivered (or expired frames already failed) is safe to fail again.
+        for request in batch:
+            request.fail(error)
+        for request, late in job.expired if job is not None else []:
+            request.fail(_expired_error(request.model_id, late))
 
     def _next_job(self) -> _Job | None:
         """Wait for a ready batch (or expired frames to fail); ``None`` once stopping.
@@ -363,10 +453,10 @@ class DeviceScheduler:
     def _limit(self, runner: ModelRunner) -> int:
         return max(1, min(self._max_batch_size, runner.max_batch_size))
 
-    def _run(
-        self, index: int, runner: ModelRunner, batch: list[FrameRequest], waits: list[float]
-    ) -> None:
+    def _run(self, index: int, job: _Job) -> None:
         """Run one batch outside the lock; count it before its futures complete."""
+        runner, batch, waits = job.runner, job.batch, job.waits
+        assert runner is not None
         model_id = runner.model_id
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -401,6 +491,7 @@ class DeviceScheduler:
         with self._cond:
             self._in_flight -= len(batch)
             self._stats.record_batch(index, model_id, len(batch), busy, ok=error is None)
+            job.counted = True
         if error is not None:
             for request in batch:
                 request.fail(error)

@@ -46,7 +46,8 @@ class SchedulerStats:
     count as ``expired`` at once); ``rejected`` counts frames refused because the queue
     was full. ``shut_down`` frames were pending when :meth:`stop` ran, ``dropped`` ones
     were pending when their model was dropped. ``busy_fraction`` is the share of the
-    workers' time since start spent inside ``run_batch``.
+    workers' time since start spent inside ``run_batch``. ``workers_restarted`` counts
+    worker threads that died and were replaced (their batch counts as ``failed``).
     """
 
     device: str
@@ -67,6 +68,7 @@ class SchedulerStats:
     busy_fraction: float
     workers: tuple[WorkerStats, ...]
     models: dict[str, ModelStats]
+    workers_restarted: int
 
 
 @dataclass
@@ -102,6 +104,7 @@ class StatsRecorder:
     completed: int = 0
     shut_down: int = 0
     dropped: int = 0
+    workers_restarted: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     _models: dict[str, _ModelCounters] = field(default_factory=dict)
     _workers: list[_WorkerCounters] = field(init=False)
@@ -184,4 +187,5 @@ class StatsRecorder:
                 model_id: ModelStats(c.frames, c.batches, c.expired, c.failed)
                 for model_id, c in self._models.items()
             },
+            workers_restarted=self.workers_restarted,
         )

@@ -63,7 +63,7 @@ class RecordingRunner:
         max_batch_size: int = 8,
         gate: threading.Event | None = None,
         calls: list[str] | None = None,
-        errors: Sequence[Exception | list[np.ndarray]] = (),
+        errors: Sequence[BaseException | list[np.ndarray]] = (),
     ) -> None:
         self._model_id = model_id
         self._max_batch_size = max_batch_size
@@ -92,7 +92,7 @@ class RecordingRunner:
         if self.gate is not None:
             self.gate.wait(10)
         time.sleep(0.001)  # a little compute, so other threads get to run meanwhile
-        if isinstance(planned, Exception):
+        if isinstance(planned, BaseException):
             raise planned
         if planned is not None:
             return planned
@@ -526,6 +526,144 @@ async def test_stats_add_up_while_running_and_after_stop(harness: Harness) -> No
     assert stats.mean_batch_size == pytest.approx(8 / stats.batches)
     # the fake clock moved only once inside run_batch: 1 s during the first batch
     assert stats.busy_seconds == pytest.approx(1.0)
+
+
+async def wait_for_workers(count: int) -> list[str]:
+    """Wait until exactly ``count`` workers are alive (a replaced one may still be exiting)."""
+    async with asyncio.timeout(10):
+        while len(scheduler_threads()) != count:  # noqa: ASYNC110 - test polling
+            await asyncio.sleep(0.01)
+    return sorted(scheduler_threads())
+
+
+async def test_a_worker_killed_by_its_runner_is_replaced(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = harness.scheduler(workers=2)
+    runner = RecordingRunner("m", errors=[SystemExit(3)])
+    with caplog.at_level(logging.ERROR, logger="inference_core.scheduler"):
+        killed = frame("m", time.monotonic() + FAR)
+        scheduler.submit(killed, runner)
+        (outcome,) = await settle([killed])
+
+    assert isinstance(outcome, InferenceError)
+    assert "died (SystemExit(3))" in str(outcome)
+    assert "model m" in str(outcome)
+    assert isinstance(outcome.__cause__, SystemExit)
+    (died,) = [r for r in caplog.records if "died" in r.getMessage()]
+    assert died.levelno == logging.ERROR
+    assert died.exc_info is not None
+    assert died.exc_info[0] is SystemExit  # the traceback is in the log
+
+    assert await wait_for_workers(2) == [f"lipstream-{DEVICE}-w0", f"lipstream-{DEVICE}-w1"]
+    later = [frame("m", time.monotonic() + FAR, value=i) for i in range(10)]
+    for request in later:
+        scheduler.submit(request, runner)
+    results = await settle(later)
+    assert [int(r[0]) for r in results if isinstance(r, np.ndarray)] == list(range(10))
+    stats = scheduler.stats()
+    assert stats.workers_restarted == 1
+    assert (stats.failed, stats.completed, stats.in_flight) == (1, 10, 0)
+    assert stats.models["m"].failed == 1
+    assert_stats_add_up(stats)
+    assert len(scheduler_threads()) == 2
+
+    scheduler.stop(timeout=10)
+    assert not scheduler_threads()  # the replacement is joined like the originals
+
+
+class BrokenEvents:
+    """A metrics hook with a bug: raises on its first call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def batch_done(
+        self, device: str, batch_size: int, queue_waits_s: Sequence[float], run_s: float
+    ) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("bug in a hook")
+
+    def model_loaded(self, device: str, seconds: float) -> None:
+        pass
+
+    def model_load_failed(self) -> None:
+        pass
+
+
+async def test_a_bug_in_the_worker_loop_costs_no_frame_and_no_worker(harness: Harness) -> None:
+    scheduler = harness.scheduler(workers=1)
+    scheduler.events = BrokenEvents()  # raises after the first batch delivered its results
+    runner = RecordingRunner("m")
+    first = frame("m", time.monotonic() + FAR, value=7)
+    scheduler.submit(first, runner)
+    (result,) = await settle([first])
+    assert isinstance(result, np.ndarray)  # delivered before the hook broke the worker
+    assert int(result[0]) == 7
+
+    await wait_for_workers(1)
+    later = [frame("m", time.monotonic() + FAR) for _ in range(3)]
+    for request in later:
+        scheduler.submit(request, runner)
+    assert all(isinstance(r, np.ndarray) for r in await settle(later))
+    stats = scheduler.stats()
+    assert stats.workers_restarted == 1
+    assert (stats.completed, stats.failed) == (4, 0)
+    assert_stats_add_up(stats)
+
+
+async def test_a_worker_that_keeps_dying_is_replaced_each_time(harness: Harness) -> None:
+    scheduler = harness.scheduler(workers=1)
+    runner = RecordingRunner("m", errors=[KeyboardInterrupt(), SystemExit(), SystemExit()])
+    outcomes = []
+    for _ in range(4):  # one at a time: each frame meets the next planned death
+        request = frame("m", time.monotonic() + FAR)
+        scheduler.submit(request, runner)
+        outcomes += await settle([request])
+    assert [type(o).__name__ for o in outcomes] == [
+        "InferenceError",
+        "InferenceError",
+        "InferenceError",
+        "ndarray",
+    ]
+    stats = scheduler.stats()
+    assert (stats.workers_restarted, stats.failed, stats.completed) == (3, 3, 1)
+    assert_stats_add_up(stats)
+    assert await wait_for_workers(1) == [f"lipstream-{DEVICE}-w0"]
+
+
+async def test_a_worker_dying_while_the_scheduler_stops_is_not_replaced(
+    harness: Harness,
+) -> None:
+    scheduler = harness.scheduler(workers=1)
+    gate = harness.gate()
+    runner = RecordingRunner("m", gate=gate, errors=[SystemExit()])
+    running = frame("m", time.monotonic() + FAR)
+    scheduler.submit(running, runner)
+    await wait_started(runner)
+    stopping = asyncio.ensure_future(asyncio.to_thread(scheduler.stop, 10))
+    queued: list[FrameRequest] = []
+    async with asyncio.timeout(10):
+        while True:  # stop() has begun once submit is refused
+            queued.append(frame("m", time.monotonic() + FAR))
+            try:
+                scheduler.submit(queued[-1], runner)
+            except ShuttingDownError:
+                queued.pop()
+                break
+            await asyncio.sleep(0.01)
+    gate.set()  # the runner now raises SystemExit with stop() already under way
+    await asyncio.wait_for(stopping, 10)
+
+    (result,) = await settle([running])
+    assert isinstance(result, InferenceError)
+    assert "not replaced" in str(result)
+    assert all(isinstance(r, ShuttingDownError) for r in await settle(queued))
+    stats = scheduler.stats()
+    assert (stats.workers_restarted, stats.failed) == (0, 1)
+    assert_stats_add_up(stats)
+    assert not scheduler_threads()
 
 
 class AdapterRunner:
