@@ -158,6 +158,9 @@ class ServerSettings(_Section):
     # Empty by default: aiortc's None means a public Google STUN server, which a
     # self-hosted server must not contact unless asked to.
     ice_servers: list[IceServer] = Field(default_factory=list)
+    # Gather only 127.0.0.1 host candidates (aioice skips loopback addresses): for
+    # loopback-only sandboxes and same-machine tests. Applied by ``web.app.serve``.
+    ice_loopback_only: bool = False
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)

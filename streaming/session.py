@@ -41,6 +41,7 @@ from inference_core.exceptions import InferenceError
 from streaming.audio_mixer import CHUNK_SAMPLES, OUT_RATE, AudioMixer
 from streaming.frame_pipeline import FramePipeline
 from streaming.media_tracks import AUDIO_CHUNK_S, AvatarAudioTrack, AvatarVideoTrack, SessionClock
+from streaming.peer_close import close_peer_connection
 from streaming.resample import MonoResampler, resample_mono
 from streaming.video_encoder import _SENDER_ENCODER_ATTR as SENDER_ENCODER_ATTR
 
@@ -49,6 +50,12 @@ logger = logging.getLogger(__name__)
 FEATURE_RATE = 16_000
 MAX_FRAMES_IN_FLIGHT = 8
 STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
+# A connected peer that sends nothing for this long is gone. Every WebRTC endpoint that
+# receives media sends RTCP receiver reports every few seconds (aiortc about every 1 s),
+# so this only fires for a peer that vanished; it frees it sooner and more surely than
+# aioice's consent checks (6 failures 4-6 s apart: 27-39 s, DESIGN §5).
+PEER_SILENCE_S = 15.0
+PEER_CHECK_S = 1.0
 
 
 @dataclass
@@ -207,7 +214,8 @@ class Session:
         self._spawn(self._consume(track), name)
 
     def watch_connection(self, timeout_s: float) -> None:
-        """End the session if ICE has not connected within ``timeout_s``."""
+        """End the session if ICE has not connected within ``timeout_s``, or once the
+        connected peer has sent nothing for ``PEER_SILENCE_S``."""
 
         async def watchdog() -> None:
             await asyncio.sleep(timeout_s)
@@ -221,6 +229,46 @@ class Session:
                 await self.close("ICE timeout")
 
         self._spawn(watchdog(), f"ice-watchdog-{self.session_id[:8]}")
+        self._spawn(self._watch_peer(), f"peer-watchdog-{self.session_id[:8]}")
+
+    async def _watch_peer(self) -> None:
+        received, heard_at = -1, time.monotonic()
+        while True:
+            await asyncio.sleep(PEER_CHECK_S)
+            now = time.monotonic()
+            count = await self._packets_received()
+            if count != received or self.pc.connectionState != "connected":
+                received, heard_at = count, now
+            elif now - heard_at >= PEER_SILENCE_S:
+                logger.info(
+                    "nothing from the peer for %.0f s: session=%s", now - heard_at, self.session_id
+                )
+                await self.close("peer silent")
+                return
+
+    async def _packets_received(self) -> int:
+        """Packets (DTLS, SRTP, SRTCP) received from the peer on its transports so far."""
+        stats = (await self.pc.getStats()).values()
+        return sum(getattr(s, "packetsReceived", 0) for s in stats if s.type == "transport")
+
+    def watch_idle(self, timeout_s: float) -> None:
+        """End the session ("idle") after ``timeout_s`` with no audio; 0 means never.
+
+        Audio is pushed or spoken audio, or caller audio above ``audio.vad_threshold_db``
+        (see ``last_audio_at``).
+        """
+        if timeout_s <= 0:
+            return
+
+        async def watchdog() -> None:
+            # Sleep until the session would be idle; audio meanwhile moves that moment on
+            # (a deadline, not a poll: there is nothing to wait on for "no audio").
+            while (quiet_s := time.monotonic() - self.last_audio_at) < timeout_s:  # noqa: ASYNC110
+                await asyncio.sleep(timeout_s - quiet_s)
+            logger.info("session idle for %g s: session=%s", timeout_s, self.session_id)
+            await self.close("idle")
+
+        self._spawn(watchdog(), f"idle-watchdog-{self.session_id[:8]}")
 
     def preload_frames(self) -> None:
         """Decode the avatar's background frames into the cache while ICE connects."""
@@ -428,7 +476,7 @@ class Session:
         self.video.stop()
         self.audio.stop()
         try:
-            await self.pc.close()
+            await close_peer_connection(self.pc)
         except Exception:  # aiortc can raise from close on a half-set-up connection
             logger.warning(
                 "closing the peer connection failed: session=%s", self.session_id, exc_info=True

@@ -202,6 +202,7 @@ class SessionManager:
                 install_encoder(video_sender, encoder, negotiated)
             session.preload_frames()
             session.watch_connection(self.settings.session.ice_timeout_s)
+            session.watch_idle(self.settings.session.idle_timeout_s)
         except BaseException:
             await session.close("offer failed")
             raise

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
@@ -30,11 +31,15 @@ class Received:
 
 
 class Caller:
-    """One call: optional microphone from a WAV file, receives video and audio."""
+    """One call: optional microphone from a WAV file, receives video and audio.
+
+    ``client`` is the in-process test client, or a ``ClientSession(base_url=...)`` for a
+    server in another process.
+    """
 
     def __init__(
         self,
-        client: TestClient[object, object],
+        client: TestClient[object, object] | ClientSession,
         avatar: str = "demo",
         headers: dict[str, str] | None = None,
     ) -> None:

@@ -6,10 +6,14 @@ so teardown runs in reverse order of start-up.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aioice.ice
 from aiohttp import web
 
 from config.settings import Settings
@@ -18,7 +22,7 @@ from inference_core.core import InferenceCore
 from streaming.session_manager import SessionManager
 from streaming.tts import build_tts_engine
 from web.admin import add_admin_routes
-from web.app_keys import AVATAR_NAMES, CORE, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.cors import cors_middleware
 from web.errors import error_middleware
 from web.infer_api import infer
@@ -75,14 +79,121 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def serve(settings: Settings) -> None:
-    """Run the server until SIGINT/SIGTERM."""
+    """Run the server until SIGTERM or SIGINT, then drain and exit (DESIGN §7).
+
+    The first signal turns ``/ready`` to 503 and new offers away (503 + Retry-After);
+    live sessions run on until they end or ``server.drain_timeout_s`` passes (a second
+    signal cuts that short). Then the listener closes and ``cleanup_ctx`` closes the
+    remaining sessions and stops the inference core.
+    """
+    with _loopback_ice(settings.server.ice_loopback_only):
+        asyncio.run(_serve(settings))
+
+
+async def _serve(settings: Settings) -> None:
     server = settings.server
-    logger.info("serving on http://%s:%d", server.host, server.port)
-    web.run_app(
-        build_app(settings),
-        host=server.host,
-        port=server.port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=server.drain_timeout_s,
+    app = build_app(settings)
+    # Requests still running once the drain is over may take their own limit to finish.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
+    # Handlers go in before start-up, so a signal during it still ends in a clean exit.
+    with _ShutdownSignals(asyncio.get_running_loop()) as signals:
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, server.host, server.port).start()
+            logger.info("serving on http://%s:%d", server.host, server.port)
+            await signals.wait()
+            await _drain(app, server.drain_timeout_s, signals)
+        finally:
+            await runner.cleanup()
+    logger.info("server stopped")
+
+
+async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSignals) -> None:
+    """Refuse new sessions and wait for the live ones to end (or the timeout, or a signal)."""
+    app[DRAINING].start()
+    sessions = app[SESSIONS]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    logger.info(
+        "draining: %d live sessions; new offers get 503; waiting up to %.0f s for them to end",
+        len(sessions.sessions),
+        timeout_s,
     )
+    ended = asyncio.create_task(_sessions_ended(sessions), name="drain-sessions-ended")
+    again = asyncio.create_task(signals.wait(), name="drain-second-signal")
+    try:
+        await asyncio.wait({ended, again}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (ended, again):
+            task.cancel()
+        await asyncio.gather(ended, again, return_exceptions=True)
+    if ended.done() and not ended.cancelled():
+        why = "every session ended"
+    elif again.done() and not again.cancelled():
+        why = "a second signal"
+    else:
+        why = "server.drain_timeout_s passed"
+    logger.info(
+        "drain over after %.1f s (%s): closing %d sessions and stopping",
+        loop.time() - started,
+        why,
+        len(sessions.sessions),
+    )
+
+
+async def _sessions_ended(sessions: SessionManager) -> None:
+    # SessionManager has no "last session ended" notification; a slow poll is enough
+    # for a wait measured in seconds.
+    while sessions.sessions:  # noqa: ASYNC110
+        await asyncio.sleep(0.25)
+
+
+class _ShutdownSignals:
+    """SIGTERM and SIGINT as something to await, installed on the loop while in use."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._received = asyncio.Event()
+
+    def __enter__(self) -> _ShutdownSignals:
+        for sig in self.SIGNALS:
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig in self.SIGNALS:
+            self._loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        logger.info("received %s", sig.name)
+        self._received.set()
+
+    async def wait(self) -> None:
+        """Return at the next signal (or at once for one not yet waited for)."""
+        await self._received.wait()
+        self._received.clear()
+
+
+@contextlib.contextmanager
+def _loopback_ice(enabled: bool) -> Iterator[None]:
+    """With ``server.ice_loopback_only``, gather only 127.0.0.1 host candidates.
+
+    aioice skips loopback addresses and has no per-connection setting for it: it asks
+    this module function, so the entry point swaps it for the server's lifetime (the
+    tests' ``loopback`` fixture does the same).
+    """
+    if not enabled:
+        yield
+        return
+    original = aioice.ice.get_host_addresses
+    aioice.ice.get_host_addresses = _loopback_addresses
+    try:
+        yield
+    finally:
+        aioice.ice.get_host_addresses = original
+
+
+def _loopback_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    return ["127.0.0.1"]

@@ -21,10 +21,11 @@ from aiohttp import web
 
 from inference_core.avatar import check_avatar_id
 from streaming.audio_push import AudioLimits, decode_pushed_audio
+from streaming.exceptions import SessionLimitError
 from streaming.offer_check import OfferLimits, check_offer
 from streaming.session import Session
 from streaming.tts import check_text, check_voice
-from web.app_keys import AVATAR_NAMES, CORE, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
 from web.session_tokens import require_token
 
@@ -70,6 +71,8 @@ def _optional_string(data: dict[str, Any], key: str) -> str | None:
 
 async def offer(request: web.Request) -> web.Response:
     """Answer a WebRTC offer for an avatar; the call starts once ICE connects."""
+    if request.app[DRAINING].draining:  # 503 + Retry-After (web.errors)
+        raise SessionLimitError("the server is shutting down; try again shortly")
     settings = request.app[SETTINGS]
     wait = request.app[OFFER_LIMITER].retry_after(request.remote or "unknown")
     if wait is not None:

@@ -1,0 +1,200 @@
+"""``lipstream serve`` drains on SIGTERM/SIGINT: not ready, no new calls, live calls finish.
+
+The server runs as a real subprocess (the console script, its own signal handling);
+the test process calls it with an aiortc client over loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aioice.ice
+import pytest
+from aiohttp import ClientError, ClientSession
+from aiortc import RTCPeerConnection
+
+from tests.webrtc_client import Caller
+
+logger = logging.getLogger(__name__)
+
+LIPSTREAM = Path(sys.executable).parent / "lipstream"
+DRAIN_TIMEOUT_S = 3.0
+STARTUP_TIMEOUT_S = 60.0
+EXIT_GRACE_S = 5.0  # closing sessions and stopping the core after the drain
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+@dataclass
+class Server:
+    proc: asyncio.subprocess.Process
+    http: ClientSession
+    stderr: Path
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def lipstream_serve(tmp_path: Path, drain_timeout_s: float) -> AsyncIterator[Server]:
+    """``lipstream serve`` on a free port, answering /health; killed at the end if still up."""
+    port = _free_port()
+    config = tmp_path / "lipstream.yaml"
+    config.write_text(
+        "server:\n"
+        f"  port: {port}\n"
+        f"  drain_timeout_s: {drain_timeout_s}\n"
+        "  ice_loopback_only: true\n"
+        f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n"
+        "video:\n  preset: ultrafast\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            str(LIPSTREAM),
+            "--config",
+            str(config),
+            "serve",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        async with ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            server = Server(proc, http, stderr)
+            async with asyncio.timeout(STARTUP_TIMEOUT_S):
+                while not await _answers(http, "/health"):
+                    assert proc.returncode is None, server.log()
+                    await asyncio.sleep(0.2)
+            yield server
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def _answers(http: ClientSession, path: str) -> bool:
+    try:
+        async with http.get(path) as response:
+            return response.status == 200
+    except ClientError:
+        return False
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
+    """Await ``condition()`` (a coroutine) until it is true; the seconds it took."""
+    started = time.monotonic()
+    async with asyncio.timeout(timeout_s):
+        while not await condition():  # noqa: ASYNC110 - test polling
+            await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def _offer_sdp() -> str:
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp: str = pc.localDescription.sdp
+        return sdp
+    finally:
+        await pc.close()
+
+
+async def test_sigterm_drains_a_live_call_then_exits_cleanly(
+    tmp_path: Path, loopback: None, record_property: Callable[[str, object], None]
+) -> None:
+    async with lipstream_serve(tmp_path, DRAIN_TIMEOUT_S) as server:
+        http = server.http
+        assert (await http.get("/ready")).status == 200
+        caller = Caller(http)
+        caller.keep_luma = False
+        await caller.connect()
+        try:
+            await caller.wait_for_frames(10)
+            sdp = await _offer_sdp()
+            server.proc.send_signal(signal.SIGTERM)
+            sent_at = time.monotonic()
+
+            async def not_ready() -> bool:
+                async with http.get("/ready") as response:
+                    return response.status == 503
+
+            ready_503_after = await _until(not_ready, timeout_s=1.0)
+            reasons = (await (await http.get("/ready")).json())["reasons"]
+            assert any("draining" in reason for reason in reasons), reasons
+
+            refused = await http.post("/offer", json={"sdp": sdp, "type": "offer"})
+            assert refused.status == 503
+            assert int(refused.headers["Retry-After"]) > 0
+            assert (await refused.json())["error"]["code"] == "too_many_sessions"
+
+            # The live call goes on through the drain.
+            await asyncio.sleep(max(0.0, sent_at + 2.0 - time.monotonic()))
+            state = await (await http.get(f"/sessions/{caller.session_id}")).json()
+            assert state["state"] == "streaming"
+            arrived = [t for t in caller.received.video_times if t > sent_at]
+            assert len(arrived) >= 25, f"{len(arrived)} frames in the 2 s after SIGTERM"
+            assert caller.fps_since(0.5) > 10
+
+            async with asyncio.timeout(DRAIN_TIMEOUT_S + EXIT_GRACE_S):
+                code = await server.proc.wait()
+            exited_after = time.monotonic() - sent_at
+        finally:
+            await caller.close()
+        record_property("ready_503_after_s", round(ready_503_after, 3))
+        record_property("exited_after_s", round(exited_after, 2))
+        logger.info("/ready 503 after %.3f s; exit after %.2f s", ready_503_after, exited_after)
+        log = server.log()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+        assert "draining: 1 live sessions" in log, log
+        assert "(server.drain_timeout_s passed): closing 1 sessions" in log, log
+        assert "reason=server shutdown" in log, log
+        # The drain held the call for the whole timeout.
+        assert exited_after >= DRAIN_TIMEOUT_S
+
+
+async def test_drain_ends_when_the_last_call_hangs_up(tmp_path: Path, loopback: None) -> None:
+    """SIGINT too; the drain stops waiting once no session is left (not at the timeout)."""
+    long_drain_s = 60.0
+    async with lipstream_serve(tmp_path, long_drain_s) as server:
+        caller = Caller(server.http)
+        caller.keep_luma = False
+        await caller.connect()
+        try:
+            await caller.wait_for_frames(5)
+            server.proc.send_signal(signal.SIGINT)
+            await asyncio.sleep(1.0)
+            assert server.proc.returncode is None  # still draining: the call is live
+        finally:
+            await caller.hang_up()
+        async with asyncio.timeout(long_drain_s / 2):
+            code = await server.proc.wait()
+        log = server.log()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+        assert "(every session ended): closing 0 sessions" in log, log
