@@ -164,6 +164,13 @@ class ServerSettings(_Section):
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)
+    # Admission (streaming.admission): the share of each device's workers and of the
+    # process's cores that sessions may be given; CPU ms per 1280x720 frame (composing +
+    # encoding; null = estimated from video.preset); inference ms per frame assumed for a
+    # model on a device that has run nothing yet.
+    admission_headroom: float = Field(default=0.8, gt=0, le=1)
+    cpu_ms_per_session_frame: float | None = Field(default=None, gt=0)
+    inference_ms_per_frame_estimate: float = Field(default=10.0, gt=0)
     max_offer_bytes: ByteSize = Field(default=64 * KIB, ge=1)
     offer_rate_limit_per_minute: int = Field(default=30, ge=0)
     request_timeout_s: float = Field(default=30.0, gt=0)

@@ -20,6 +20,7 @@ from compositor.background_cache import AvatarFrames, BackgroundCache
 from config.settings import Settings
 from inference_core.audio_encoder import AudioEncoder
 from inference_core.core import InferenceCore, ModelHandle
+from streaming.admission import AdmissionControl
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.offer_check import OfferInfo
 from streaming.session import Session
@@ -85,6 +86,7 @@ class SessionManager:
         self._creating = 0
         self._closing = False
         self.counters = SessionCounters()
+        self.admission = AdmissionControl(settings, core)
 
     def totals(self) -> SessionCounters:
         """Counters including the live sessions' frames so far."""
@@ -126,15 +128,20 @@ class SessionManager:
         if self._closing:
             self.counters.rejected += 1
             raise SessionLimitError("the server is shutting down")
-        if len(self._sessions) + self._creating >= self.settings.server.max_sessions:
+        try:  # before any load or connection: a full server answers at once
+            reservation = self.admission.reserve(avatar_id, self.sessions)
+        except SessionLimitError:
             self.counters.rejected += 1
-            raise SessionLimitError(
-                f"the server is at its limit of {self.settings.server.max_sessions} sessions; "
-                "try again later"
-            )
+            raise
         self._creating += 1
         try:
             model = await self.core.open(avatar_id)
+            try:  # again with the model's real device, fps and frame size
+                reservation.confirm(model, self.sessions)
+            except SessionLimitError:
+                model.close()
+                self.counters.rejected += 1
+                raise
             try:
                 session = await self._answer(model, sdp, offer, remote)
             except BaseException:
@@ -145,6 +152,7 @@ class SessionManager:
             return session
         finally:
             self._creating -= 1
+            reservation.release()
 
     async def _answer(
         self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None

@@ -1,0 +1,304 @@
+"""Admission control: the capacity model, on numbers and on a real inference core, and a
+full server refusing a third call at once while the two it runs keep their frame rate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aioice.ice
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCPeerConnection
+
+from config.settings import Settings
+from inference_core.avatar import AvatarLocator
+from inference_core.core import InferenceCore, ModelHandle
+from streaming.admission import (
+    ENCODE_CPU_MS,
+    STAGES_CPU_MS,
+    AdmissionControl,
+    Budget,
+    DeviceBudget,
+    SessionLoad,
+    cpu_ms_per_frame,
+    refusal,
+    usable_cpus,
+)
+from streaming.exceptions import SessionLimitError
+from tests.media import speech_with_pauses, write_wav
+from tests.packages import make_package
+from tests.webrtc_client import Caller
+from web.app import build_app
+from web.app_keys import SESSIONS
+
+# --- the model on numbers ----------------------------------------------------------------
+
+
+def _budget(*, device_ms: float = 800.0, cpu_ms: float = 1600.0, max_sessions: int = 16) -> Budget:
+    return Budget(
+        devices=(DeviceBudget("cuda:0", 1, device_ms), DeviceBudget("cuda:1", 1, device_ms)),
+        cpu_ms=cpu_ms,
+        cpus=2,
+        headroom=0.8,
+        max_sessions=max_sessions,
+    )
+
+
+def test_a_session_fits_while_its_device_has_inference_time_left() -> None:
+    budget = _budget()
+    two = [SessionLoad(0, 300.0, 10.0), SessionLoad(0, 300.0, 10.0)]
+    assert refusal(budget, two[:1], SessionLoad(0, 300.0, 10.0)) is None  # 600 <= 800
+    reason = refusal(budget, two, SessionLoad(0, 300.0, 10.0))  # 900 > 800
+    assert reason is not None
+    assert "device cuda:0 is full" in reason
+    assert "900 ms of inference per second" in reason
+    # The other device has all its time: the same session fits there.
+    assert refusal(budget, two, SessionLoad(1, 300.0, 10.0)) is None
+
+
+def test_a_session_fits_while_the_cpu_has_time_left() -> None:
+    budget = _budget(cpu_ms=1000.0)
+    running = [SessionLoad(0, 1.0, 450.0), SessionLoad(1, 1.0, 450.0)]
+    assert refusal(budget, running, SessionLoad(1, 1.0, 100.0)) is None  # 1000 <= 1000
+    reason = refusal(budget, running, SessionLoad(1, 1.0, 101.0))
+    assert reason is not None
+    assert "CPU is full" in reason
+    assert "2 cores" in reason
+
+
+def test_max_sessions_is_a_hard_cap() -> None:
+    budget = _budget(max_sessions=2)
+    running = [SessionLoad(0, 0.0, 0.0), SessionLoad(1, 0.0, 0.0)]
+    assert refusal(budget, running[:1], SessionLoad(0, 0.0, 0.0)) is None
+    reason = refusal(budget, running, SessionLoad(0, 0.0, 0.0))
+    assert reason == "the server is at its limit of 2 sessions"
+
+
+def test_an_idle_device_and_an_empty_server_always_take_one_session() -> None:
+    budget = _budget(device_ms=100.0, cpu_ms=100.0)
+    too_big = SessionLoad(0, 500.0, 50.0)
+    assert refusal(budget, [], too_big) is None
+    # Alone on its device, but the CPU is shared with device 1's session.
+    assert refusal(budget, [SessionLoad(1, 10.0, 60.0)], too_big) is not None
+    assert refusal(budget, [SessionLoad(1, 10.0, 40.0)], too_big) is None
+
+
+def test_cpu_cost_per_frame_scales_the_encoding_with_the_picture() -> None:
+    hd = cpu_ms_per_frame((1280, 720), "veryfast")
+    assert hd == pytest.approx(STAGES_CPU_MS + ENCODE_CPU_MS["veryfast"])
+    quarter = cpu_ms_per_frame((640, 360), "veryfast")
+    assert quarter == pytest.approx(STAGES_CPU_MS + ENCODE_CPU_MS["veryfast"] / 4)
+    assert cpu_ms_per_frame((1280, 720), "medium") > hd > cpu_ms_per_frame((1280, 720), "ultrafast")
+    # A configured figure is for 1280x720 and scales with the pixel count.
+    assert cpu_ms_per_frame((1920, 1080), "veryfast", 10.0) == pytest.approx(22.5)
+
+
+# --- the model on a real inference core ------------------------------------------------------
+
+
+@dataclass
+class Live:
+    """Stands in for a live session: admission only reads the model it holds."""
+
+    model: ModelHandle
+
+
+def _settings(root: Path, **server: object) -> Settings:
+    return Settings.model_validate(
+        {
+            "avatars": {"root": str(root), "data_dir": str(root / "data"), "demo": False},
+            "devices": {"kind": "cpu", "count": 2, "workers_per_device": 1},
+            "video": {"preset": "ultrafast"},
+            "server": server,
+        }
+    )
+
+
+@pytest.fixture
+async def core(tmp_path: Path) -> AsyncIterator[InferenceCore]:
+    make_package(tmp_path / "alice")
+    make_package(tmp_path / "bob")
+    settings = _settings(tmp_path, inference_ms_per_frame_estimate=7.0, admission_headroom=0.5)
+    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    await core.start()
+    yield core
+    await core.stop()
+
+
+async def _run_frames(model: ModelHandle, count: int) -> None:
+    spec = model.spec
+    visual = np.zeros((count, *spec.visual_shape), dtype=np.uint8)
+    audio = np.zeros((count, *spec.audio_shape), dtype=np.float32)
+    await model.infer(visual, audio, timeout_s=30.0, raw=False)
+
+
+async def test_unmeasured_models_cost_the_estimate_then_the_device_mean(
+    core: InferenceCore,
+) -> None:
+    control = AdmissionControl(core.settings, core, cpus=2)
+    budget = control.budget()
+    assert [d.ms for d in budget.devices] == [500.0, 500.0]  # 1 worker x 1000 x 0.5
+    assert budget.cpu_ms == 1000.0
+
+    # Nothing loaded, nothing run: the configured estimate, at 25 fps and 1280x720.
+    first = control.reserve("alice", [])
+    assert not first.load.measured
+    assert first.load.inference_ms == pytest.approx(7.0 * 25)
+    cpu = (STAGES_CPU_MS + ENCODE_CPU_MS["ultrafast"]) * 25
+    assert first.load.cpu_ms == pytest.approx(cpu + 7.0 * 25)  # a CPU device: same cores
+    first.release()
+
+    alice = await core.open("alice")
+    await _run_frames(alice, 12)
+    load = control.load_of(alice)
+    mean = core.registry.entry("alice").model.stats().mean_ms_per_frame  # type: ignore[union-attr]
+    assert load.measured
+    assert load.inference_ms == pytest.approx(mean * 25)  # the tiny package runs at 25 fps
+
+    # bob is loaded next to alice but has run nothing: that device's mean stands in.
+    bob = await core.open("bob", device=alice.device.index)
+    stats = core.scheduler_for(alice.device).stats()
+    frames = sum(size * count for size, count in stats.batch_sizes.items())
+    estimate = control.load_of(bob)
+    assert not estimate.measured
+    assert estimate.inference_ms == pytest.approx(stats.busy_seconds * 1000 / frames * 25)
+    # The other device ran nothing: a session there still costs the configured estimate.
+    other = 1 - alice.device.index
+    assert control._ms_per_frame("bob", other) == (7.0, False)
+    alice.close()
+    bob.close()
+
+
+async def test_places_being_set_up_count_until_released(tmp_path: Path) -> None:
+    make_package(tmp_path / "alice")
+    settings = _settings(tmp_path, max_sessions=2)
+    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    await core.start()
+    try:
+        control = AdmissionControl(settings, core, cpus=2)
+        one, two = control.reserve("alice", []), control.reserve("alice", [])
+        with pytest.raises(SessionLimitError, match="limit of 2 sessions"):
+            control.reserve("alice", [])
+        one.release()
+        one.release()  # idempotent
+        three = control.reserve("alice", [])
+        handle = await core.open("alice")
+        # A live session and two places being set up: full.
+        with pytest.raises(SessionLimitError):
+            control.reserve("alice", [Live(handle)])
+        two.release()
+        three.release()
+        control.reserve("alice", [Live(handle)]).release()
+        handle.close()
+    finally:
+        await core.stop()
+
+
+async def test_confirm_checks_again_with_the_real_fps_and_frame_size(tmp_path: Path) -> None:
+    make_package(tmp_path / "small")
+    big = make_package(tmp_path / "big")
+    manifest = json.loads((big / "avatar.json").read_text())
+    manifest.update(fps=50, frame_size=[1920, 1080])  # 4.5x the 25 fps 1280x720 guessed
+    (big / "avatar.json").write_text(json.dumps(manifest))
+    # One core x 1000 ms: a 720p 25 fps session costs 500 ms of CPU, a 1080p 50 fps one 2250.
+    settings = _settings(
+        tmp_path,
+        admission_headroom=1.0,
+        cpu_ms_per_session_frame=20.0,
+        inference_ms_per_frame_estimate=0.001,
+    )
+    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    await core.start()
+    try:
+        control = AdmissionControl(settings, core, cpus=1)
+        small = await core.open("small")
+        live = [Live(small)]
+        assert control.load_of(small).cpu_ms == pytest.approx(20.0 / 48 * 25 + 0.001 * 25)
+        reservation = control.reserve("big", live)  # not loaded: guessed to fit
+        model = await core.open("big")
+        started = time.perf_counter()
+        with pytest.raises(SessionLimitError, match="CPU is full") as refused:
+            reservation.confirm(model, live)
+        assert time.perf_counter() - started < 0.1
+        assert "2 sessions would need 2260 ms of CPU per second" in str(refused.value)
+        assert control._pending == []  # the refused place was given back
+        reservation.release()
+        model.close()
+        small.close()
+    finally:
+        await core.stop()
+
+
+# --- end to end: a full server refuses a third call; the two it runs keep 25 fps ----------
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+async def _offer_sdp() -> tuple[RTCPeerConnection, str]:
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, pc.localDescription.sdp
+
+
+async def test_a_full_server_refuses_a_third_call_at_once_and_keeps_the_two(
+    tmp_path: Path, loopback: None, record_property: Callable[[str, object], None]
+) -> None:
+    cpus = usable_cpus()
+    # The demo avatar is 1280x720 at 25 fps. With the CPU budget B = cores x 1000 ms and
+    # B/70 ms of CPU per frame, a session costs B/2.8 plus its inference (about 2-5 ms x 25
+    # on this CPU device): two fit while inference stays under 0.2 B / 50 ms per frame
+    # (11 ms on 2 cores), three never do (3 B/2.8 > B).
+    budget = cpus * 1000.0
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "video": {"preset": "ultrafast"},
+            "server": {"admission_headroom": 1.0, "cpu_ms_per_session_frame": budget / 70},
+        }
+    )
+    pcm, _ = speech_with_pauses(tmp_path, ("one two three four five six seven",), pause_s=0.5)
+    wav = write_wav(tmp_path / "mic.wav", pcm, 16_000)
+    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:
+        callers = [Caller(client), Caller(client)]
+        pc: RTCPeerConnection | None = None
+        try:
+            for caller in callers:
+                caller.keep_luma = False
+                await caller.connect(microphone=wav)
+                await caller.wait_for_frames(1)
+            pc, sdp = await _offer_sdp()
+            started = time.perf_counter()
+            refused = await client.post("/offer", json={"sdp": sdp, "type": "offer"})
+            elapsed = time.perf_counter() - started
+            record_property("refusal_ms", round(elapsed * 1000, 2))  # in --junitxml reports
+            body = await refused.json()
+            assert refused.status == 503, body
+            assert refused.headers["Retry-After"] == "5"
+            assert body["error"]["code"] == "too_many_sessions"
+            assert "CPU is full" in body["error"]["message"]
+            assert elapsed < 1.0, f"the refusal took {elapsed * 1000:.0f} ms"
+            manager = client.app[SESSIONS]  # type: ignore[index]
+            assert len(manager.sessions) == 2
+            assert manager.counters.rejected == 1
+            await asyncio.sleep(6.0)
+            for caller in callers:
+                fps = caller.fps_since(5.0)
+                record_property(f"fps_{caller.session_id[:6]}", round(fps, 1))
+                assert fps >= 23, f"a running call dropped to {fps:.1f} fps"
+        finally:
+            if pc is not None:
+                await pc.close()
+            for caller in callers:
+                await caller.hang_up()
