@@ -1,16 +1,20 @@
 """Inference-core efficiency: raw ``session.run`` vs frames served through the whole core.
 
-    .venv/bin/python benchmarks/core_throughput.py [--width 14] [--rounds 4] [--seconds 5]
+    .venv/bin/python -m benchmarks.run --only core_throughput [--quick]
+    .venv/bin/python -m benchmarks.core_throughput [--rounds 3] [--seconds 3] [--json out.json]
 
-1. Raw: a plain onnxruntime session (default options: all cores) of the benchmark UNet
-   (unet_328 I/O, ≈4.9 GMAC/frame at the default width), ``session.run`` back to back;
-   a short sweep over batch 1, 2, 4, 8 picks the best batch size.
+For each model (the benchmark UNet, ≈4.9 GMAC/frame at width 14, and the demo lip-sync
+model of ``inference_core.demo_models``):
+
+1. Raw: a plain onnxruntime session (default options: all cores), ``session.run`` back
+   to back; a short sweep over batch 1, 2, 4, 8 picks the best batch size.
 2. Served: the same model as an avatar package, served by ``InferenceCore`` (registry →
-   device scheduler → worker pool) to N concurrent synthetic sessions, each keeping
-   frames in flight as a live session does (uint8 frames in, uint8 faces out).
+   device scheduler → worker pool) to 1, 4 and 8 concurrent synthetic sessions, each
+   keeping frames in flight as a live session does (uint8 frames in, uint8 faces out).
 
 Raw and served segments alternate for ``--rounds`` rounds so both see the same machine
-conditions; the ratio of their totals is printed (target >= 0.95). Not a test.
+conditions; the ratio of their totals is reported. Target: served/raw >= 0.95 at 8
+sessions. Not a test.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +29,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks.common import Result, Target, print_table, print_targets
 from config.settings import Settings
 from inference_core.avatar import AvatarLocator
 from inference_core.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
 from inference_core.core import InferenceCore, ModelHandle
 from inference_core.demo_avatar import write_demo_avatar
 from inference_core.devices import detect_devices, session_config
+
+SESSION_COUNTS = (1, 4, 8)
+TARGET_RATIO = 0.95
 
 
 class RawRunner:
@@ -86,13 +93,19 @@ async def serve_for(
     return done, max(timings)
 
 
-async def run(args: argparse.Namespace, root: Path, model: Path) -> dict[str, object]:
+async def measure_model(
+    root: Path, model: Path, *, rounds: int, seconds: float, workers: int = 1
+) -> Result:
+    """Raw sweep, then raw/served interleaved for each session count of ``SESSION_COUNTS``."""
     base = {
         "avatars": {"root": str(root), "data_dir": str(root / "data"), "demo": False},
-        "devices": {"count": 1, "workers_per_device": args.workers},
+        "devices": {"count": 1, "workers_per_device": workers},
     }
     raw = RawRunner(model, Settings.model_validate(base))
-    sweep = {b: raw.frames_in(b, 2.0) for b in (1, 2, 4, 8)}
+    loop = asyncio.get_running_loop()
+    sweep = {
+        b: await loop.run_in_executor(None, raw.frames_in, b, seconds / 2) for b in (1, 2, 4, 8)
+    }
     sweep_fps = {b: f / s for b, (f, s) in sweep.items()}
     best = max(sweep_fps, key=lambda b: sweep_fps[b])
     settings = Settings.model_validate(
@@ -100,66 +113,124 @@ async def run(args: argparse.Namespace, root: Path, model: Path) -> dict[str, ob
     )
     core = InferenceCore(settings, AvatarLocator(root, root / "data", demo=False))
     await core.start()
-    handles = [await core.open("bench") for _ in range(args.sessions)]
-    in_flight = max(1, -(-2 * best // args.sessions))  # keep ~2 batches queued in total
-    await serve_for(handles, 1.0, in_flight)  # warm the served path
-    loop = asyncio.get_running_loop()
-    raw_frames = raw_seconds = served_frames = served_seconds = 0.0
-    for _ in range(args.rounds):
-        frames, seconds = await loop.run_in_executor(None, raw.frames_in, best, args.seconds)
-        raw_frames, raw_seconds = raw_frames + frames, raw_seconds + seconds
-        frames, seconds = await serve_for(handles, args.seconds, in_flight)
-        served_frames, served_seconds = served_frames + frames, served_seconds + seconds
-    stats = core.schedulers[0].stats()
-    for handle in handles:
-        handle.close()
-    await core.stop()
-    raw_fps, served_fps = raw_frames / raw_seconds, served_frames / served_seconds
+    by_sessions: dict[int, Result] = {}
+    try:
+        for count in SESSION_COUNTS:
+            handles = [await core.open("bench") for _ in range(count)]
+            in_flight = max(1, -(-2 * best // count))  # keep ~2 batches queued in total
+            await serve_for(handles, 0.5, in_flight)  # warm the served path
+            before = core.schedulers[0].stats()
+            raw_frames = raw_seconds = served_frames = served_seconds = 0.0
+            for _ in range(rounds):
+                frames, secs = await loop.run_in_executor(None, raw.frames_in, best, seconds)
+                raw_frames, raw_seconds = raw_frames + frames, raw_seconds + secs
+                frames, secs = await serve_for(handles, seconds, in_flight)
+                served_frames, served_seconds = served_frames + frames, served_seconds + secs
+            stats = core.schedulers[0].stats()
+            for handle in handles:
+                handle.close()
+            raw_fps, served_fps = raw_frames / raw_seconds, served_frames / served_seconds
+            by_sessions[count] = {
+                "raw_fps": raw_fps,
+                "served_fps": served_fps,
+                "ratio": served_fps / raw_fps,
+                "mean_batch": stats.mean_batch_size,
+                "expired": stats.expired - before.expired,
+                "rejected": stats.rejected - before.rejected,
+            }
+    finally:
+        await core.stop()
+    return {"sweep_fps": sweep_fps, "best_batch": best, "sessions": by_sessions}
+
+
+async def _measure_all(root: Path, rounds: int, seconds: float, width: int) -> dict[str, Result]:
+    results: dict[str, Result] = {}
+    for name in ("benchmark_unet", "demo_model"):
+        model_root = root / name
+        model = write_demo_avatar(model_root / "bench", count=2) / "lipsync.onnx"
+        if name == "benchmark_unet":
+            build_benchmark_unet(model, width=width)
+        results[name] = await measure_model(model_root, model, rounds=rounds, seconds=seconds)
+    return results
+
+
+def run(
+    quick: bool = False,
+    *,
+    rounds: int | None = None,
+    seconds: float | None = None,
+    width: int = DEFAULT_WIDTH,
+) -> Result:
+    """Measure both models, print the table, return JSON-able results."""
+    rounds = rounds or (2 if quick else 3)
+    seconds = seconds or (2.0 if quick else 3.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = asyncio.run(_measure_all(Path(tmp), rounds, seconds, width))
+    rows = []
+    targets = []
+    for name, result in models.items():
+        sessions = result["sessions"]
+        assert isinstance(sessions, dict)
+        for count, s in sessions.items():
+            rows.append(
+                [
+                    name,
+                    f"{result['best_batch']}",
+                    count,
+                    s["raw_fps"],
+                    s["served_fps"],
+                    s["mean_batch"],
+                    f"**{s['ratio']:.3f}**",
+                    s["expired"],
+                ]
+            )
+        targets.append(
+            Target(
+                f"{name} served/raw at 8 sessions",
+                sessions[8]["ratio"],
+                TARGET_RATIO,
+                higher_is_better=True,
+            )
+        )
+    print_table(
+        f"Inference core efficiency ({rounds} rounds x {seconds:g} s per segment, "
+        f"benchmark UNet width {width}: {estimate_macs(width) / 1e9:.2f} GMAC/frame)",
+        [
+            "model",
+            "best raw batch",
+            "sessions",
+            "raw frames/s",
+            "served frames/s",
+            "mean served batch",
+            "served / raw",
+            "expired",
+        ],
+        rows,
+    )
+    for name, result in models.items():
+        sweep = result["sweep_fps"]
+        assert isinstance(sweep, dict)
+        print(f"  {name} raw sweep: " + ", ".join(f"batch {b}: {f:.1f}" for b, f in sweep.items()))
+    print_targets(targets)
     return {
-        "sweep_fps": sweep_fps,
-        "best_batch": best,
-        "raw_fps": raw_fps,
-        "served_fps": served_fps,
-        "ratio": served_fps / raw_fps,
-        "mean_batch": stats.mean_batch_size,
-        "expired": stats.expired,
-        "rejected": stats.rejected,
+        "models": models,
+        "rounds": rounds,
+        "seconds": seconds,
+        "width": width,
+        "targets": [t.as_json() for t in targets],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=5.0, help="per segment")
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=1, help="workers per device")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per segment")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "avatars"
-        model = write_demo_avatar(root / "bench", count=2) / "lipsync.onnx"
-        build_benchmark_unet(model, width=args.width)
-        result = asyncio.run(run(args, root, model))
-
-    device = detect_devices(Settings().devices)[0].name
-    print(
-        f"benchmark UNet width {args.width} ({estimate_macs(args.width) / 1e9:.2f} GMAC/frame) "
-        f"on {device}, {os.cpu_count()} CPUs; {args.rounds} rounds x {args.seconds:.0f} s each"
-    )
-    sweep = result["sweep_fps"]
-    assert isinstance(sweep, dict)
-    print("  raw sweep: " + ", ".join(f"batch {b}: {f:.1f}" for b, f in sweep.items()))
-    print(f"  raw session.run, batch {result['best_batch']}: {result['raw_fps']:.2f} frames/s")
-    print(
-        f"  served, {args.sessions} sessions, {args.workers} worker(s): "
-        f"{result['served_fps']:.2f} frames/s (mean batch {result['mean_batch']:.2f}, "
-        f"expired {result['expired']}, rejected {result['rejected']})"
-    )
-    print(f"  served / raw = {result['ratio']:.3f}")
+    result = run(rounds=args.rounds, seconds=args.seconds, width=args.width)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

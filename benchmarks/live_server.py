@@ -1,0 +1,144 @@
+"""A lipstream server in this process plus a load-client process, for the live benchmarks.
+
+The server runs on this process's event loop (so its sessions' stats and its CPU time can
+be read directly); the WebRTC clients run in a separate process
+(``benchmarks.webrtc_load``) so their H.264 decoding does not share the server's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from aiohttp import web
+
+from benchmarks.webrtc_load import allow_loopback
+from config.settings import Settings
+from streaming.audio_decode import decode_audio
+from streaming.session import Session
+from streaming.session_manager import SessionManager
+from web.app import build_app
+from web.app_keys import SESSIONS
+
+SAMPLE = Path(__file__).resolve().parent.parent / "web" / "static" / "sample.wav"
+
+
+def write_speech(path: Path, seconds: float) -> Path:
+    """The bundled speech sample, repeated to last ``seconds``, as a 16 kHz mono WAV."""
+    pcm = decode_audio(SAMPLE).pcm_16k
+    reps = int(np.ceil(seconds * 16_000 / len(pcm)))
+    samples = (np.clip(np.tile(pcm, reps), -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(samples.tobytes())
+    return path
+
+
+def cpu_seconds() -> float:
+    """This process's user + system CPU time (all threads), from ``/proc/self/stat``."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class LiveRun:
+    """What one load run measured on the server side."""
+
+    processing_ms: dict[str, list[float]] = field(default_factory=dict)
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+    server_cpu_s: float = 0.0
+    window_s: float = 0.0
+    client: dict[str, object] = field(default_factory=dict)
+    delay_ms: float = 0.0
+    lookahead_ms: float = 0.0
+
+
+@asynccontextmanager
+async def live_server(
+    root: Path, settings: dict[str, object] | None = None
+) -> AsyncIterator[tuple[web.Application, str]]:
+    """Serve ``build_app`` on 127.0.0.1 (a free port); yields the app and its URL."""
+    allow_loopback()
+    config = Settings.model_validate(
+        {
+            "avatars": {"root": str(root / "avatars"), "data_dir": str(root / "data")},
+            # Admission control is opened wide: the benchmark finds the limits itself.
+            "server": {
+                "offer_rate_limit_per_minute": 10_000,
+                "max_sessions": 64,
+                "admission_headroom": 1.0,
+                "cpu_ms_per_session_frame": 0.1,
+                "inference_ms_per_frame_estimate": 0.1,
+            },
+            **(settings or {}),
+        }
+    )
+    runner = web.AppRunner(build_app(config))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield runner.app, f"http://{host}:{port}"  # type: ignore[misc]
+    finally:
+        await runner.cleanup()
+
+
+async def load_run(
+    app: web.Application, url: str, *, calls: int, seconds: float, speech: Path, avatar: str
+) -> LiveRun:
+    """Run ``calls`` speaking calls from a client process; collect server-side figures."""
+    client = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "benchmarks.webrtc_load",
+        "--url",
+        url,
+        "--calls",
+        str(calls),
+        "--seconds",
+        str(seconds),
+        "--speech",
+        str(speech),
+        "--avatar",
+        avatar,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    manager: SessionManager = app[SESSIONS]
+    result = LiveRun()
+    seen: dict[str, Session] = {}
+    # Wait until every call sends frames and speaks, then reset the stats: from here on
+    # the window is steady speech.
+    async with asyncio.timeout(60):
+        while len(manager.sessions) < calls or any(  # noqa: ASYNC110 - polls the manager
+            s.video.frames_sent == 0 for s in manager.sessions
+        ):
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.5)
+    for session in manager.sessions:
+        seen[session.session_id] = session
+        session.stats.processing_ms.clear()
+        session.stats.frames_dropped.clear()
+    cpu0, t0 = cpu_seconds(), asyncio.get_running_loop().time()
+    await asyncio.sleep(seconds * 0.9)
+    result.server_cpu_s = cpu_seconds() - cpu0
+    result.window_s = asyncio.get_running_loop().time() - t0
+    for sid, session in seen.items():
+        result.processing_ms[sid] = list(session.stats.processing_ms)
+        result.dropped[sid] = dict(session.stats.frames_dropped)
+        result.delay_ms, result.lookahead_ms = session.delay_s * 1000, session.lookahead_ms
+    out, _ = await client.communicate()
+    if client.returncode != 0:
+        raise RuntimeError(f"load client failed (exit {client.returncode})")
+    result.client = json.loads(out.decode().strip().splitlines()[-1])
+    return result
