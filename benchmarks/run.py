@@ -1,0 +1,65 @@
+"""Run the lipstream benchmark suite: one table per benchmark, PASS/MISS per target.
+
+    .venv/bin/python -m benchmarks.run [--quick] [--json out.json] [--only NAME ...]
+
+Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
+frame_costs, delay, memory, cold_start, sessions_per_core. Targets are ratios and
+limits printed as PASS/MISS; nothing here fails a test. Figures depend on the machine
+and its load: compare figures from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import time
+from pathlib import Path
+
+from benchmarks.common import Result, machine
+
+BENCHMARKS = (
+    "core_throughput",
+    "frame_costs",
+    "delay",
+    "memory",
+    "cold_start",
+    "sessions_per_core",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="shorter runs, noisier figures")
+    parser.add_argument("--json", type=Path, help="write every result to this file")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    info = machine()
+    print(
+        f"lipstream benchmarks on {info['cpu']} ({info['cpus']} CPUs), {info['date']}, "
+        f"load average {info['load_average']}"
+    )
+    results: dict[str, Result] = {"machine": info, "quick": args.quick}  # type: ignore[dict-item]
+    for name in args.only or BENCHMARKS:
+        start = time.perf_counter()
+        module = importlib.import_module(f"benchmarks.{name}")
+        results[name] = module.run(quick=args.quick)
+        print(f"  ({name}: {time.perf_counter() - start:.0f} s)")
+    targets = [
+        (name, t)
+        for name, r in results.items()
+        if isinstance(r, dict)
+        for t in r.get("targets", [])  # type: ignore[attr-defined]
+    ]
+    print("\n## Targets\n")
+    for name, t in targets:
+        verdict = "PASS" if t["pass"] else "MISS"
+        print(f"  {verdict}  {name}: {t['name']} = {t['value']} (target {t['op']} {t['limit']})")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
