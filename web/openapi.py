@@ -74,7 +74,11 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("model_load_failed", "the model could not be loaded"),
     ("inference_failed", "the model failed to run"),
     ("tts_failed", "the text-to-speech engine failed"),
-    ("too_many_sessions", "the server runs `server.max_sessions` sessions, or is stopping"),
+    (
+        "too_many_sessions",
+        "no capacity for one more session (server.max_sessions, a device's inference "
+        "budget or the CPU budget), or the server is stopping",
+    ),
     ("tts_unavailable", "no text-to-speech engine is configured or installed"),
     ("out_of_memory", "the device ran out of memory loading the model"),
     ("no_capacity", "no device has room for the model"),
