@@ -7,8 +7,8 @@ of any metrics library: ``web/metrics.py`` implements this protocol with Prometh
 histograms, tests with a list.
 
 Hooks are called from device worker and load threads, after the work they report. They
-must be cheap and thread-safe and must never raise: an exception in a hook would end the
-worker that called it.
+must be cheap and thread-safe and should never raise: a worker whose hook raises dies
+and is replaced by the scheduler's supervision, costing that batch.
 """
 
 from __future__ import annotations

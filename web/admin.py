@@ -76,6 +76,7 @@ class DeviceInfo(TypedDict):
     mean_batch_size: float
     expired: int
     rejected: int
+    workers_restarted: int
     workers: list[Worker]
 
 
@@ -247,6 +248,7 @@ async def stats(request: web.Request) -> web.Response:
                 mean_batch_size=round(s.mean_batch_size, 3),
                 expired=s.expired,
                 rejected=s.rejected,
+                workers_restarted=s.workers_restarted,
                 workers=[
                     Worker(
                         name=w.name,

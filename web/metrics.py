@@ -247,6 +247,9 @@ class ServerCollector(Collector):
         busy = counter(
             "lipstream_inference_busy_seconds", "Worker time spent running batches (all workers)."
         )
+        restarted = counter(
+            "lipstream_device_workers_restarted", "Worker threads that died and were replaced."
+        )
         dropped = CounterMetricFamily(
             "lipstream_device_frames_dropped",
             "Frames a device refused (queue_full) or accepted but did not run.",
@@ -265,6 +268,7 @@ class ServerCollector(Collector):
             failed.add_metric(device, s.failed)
             batches.add_metric(device, s.batches)
             busy.add_metric(device, s.busy_seconds)
+            restarted.add_metric(device, s.workers_restarted)
             dropped.add_metric([s.device, "deadline"], s.expired)
             dropped.add_metric([s.device, "queue_full"], s.rejected)
             dropped.add_metric([s.device, "shutting_down"], s.shut_down)
@@ -274,7 +278,7 @@ class ServerCollector(Collector):
                 buckets=_cumulative(s.batch_sizes),
                 sum_value=sum(size * count for size, count in s.batch_sizes.items()),
             )
-        yield from (depth, capacity, in_flight, workers, frames, failed, batches, busy)
+        yield from (depth, capacity, in_flight, workers, frames, failed, batches, busy, restarted)
         yield from (dropped, sizes)
 
     def _registry_metrics(self) -> Iterator[Metric]:

@@ -432,6 +432,10 @@ def _admin_schemas() -> Json:
                 "mean_batch_size": number,
                 "expired": {**count, "description": "Frames dropped at their deadline."},
                 "rejected": {**count, "description": "Frames refused by a full queue."},
+                "workers_restarted": {
+                    **count,
+                    "description": "Worker threads that died and were replaced.",
+                },
                 "workers": {
                     "type": "array",
                     "items": _obj(
