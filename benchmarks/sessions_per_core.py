@@ -5,8 +5,10 @@
 At 854×480 and 1280×720 (demo avatar, configured encoder), K = 1, 2, 3 ... speaking
 calls from a separate client process (``benchmarks.webrtc_load``; it receives and
 decodes every call's H.264, on the same machine). A step passes when every call
-received >= 24 fps over the window and the server-added delay does not grow (median of
-the last quarter of frames within 20 ms of the first quarter's). The server's CPU is
+received >= 24 fps over the window, at most 1% of the frames lost their lip-sync (a
+frame whose inference missed its deadline is sent as the idle frame: the fps hides it)
+and the server-added delay does not grow (median of the last quarter of frames within
+20 ms of the first quarter's). The server's CPU is
 its own process's utime+stime (``/proc/self/stat``) over the window; sessions per core
 = the largest passing K / the cores the server used at that K. Target at 720p: >= 3
 sessions per core. Not a test.
@@ -25,6 +27,7 @@ from inference_core.demo_avatar import write_demo_avatar
 
 MIN_FPS = 24.0
 GROWTH_MS = 20.0
+MAX_DROPPED = 0.01  # share of the window's frames whose lip-sync may be dropped
 TARGET_PER_CORE = 3.0
 
 
@@ -52,7 +55,9 @@ async def _measure(root: Path, seconds: float, max_calls: int) -> dict[str, list
                 fps = [float(f) for f in run.client["fps"]]  # type: ignore[attr-defined]
                 grows = _growing(list(run.processing_ms.values()))
                 cores = run.server_cpu_s / run.window_s
-                ok = min(fps) >= MIN_FPS and not grows
+                dropped = sum(sum(d.values()) for d in run.dropped.values())
+                expected = calls * 25 * run.window_s
+                ok = min(fps) >= MIN_FPS and not grows and dropped <= MAX_DROPPED * expected
                 steps[label].append(
                     {
                         "calls": calls,
@@ -61,7 +66,7 @@ async def _measure(root: Path, seconds: float, max_calls: int) -> dict[str, list
                         "delay_grows": grows,
                         "server_cores": cores,
                         "pass": ok,
-                        "dropped": sum(sum(d.values()) for d in run.dropped.values()),
+                        "dropped": dropped,
                     }
                 )
                 if not ok:
