@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: A benchmark's JSON-able result.
-Result = dict[str, object]
+Result = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ CALLS = (1, 4)
 TARGET_P95_MS = 60.0
 
 
-async def _measure(root: Path, seconds: float) -> Result:
+async def _measure(root: Path, seconds: float) -> dict[int, Result]:
     speech = write_speech(root / "speech.wav", seconds + 10)
     by_calls: dict[int, Result] = {}
     async with live_server(root) as (app, url):
@@ -69,7 +69,7 @@ def run(quick: bool = False, *, seconds: float | None = None) -> Result:
                 r["p99_ms"],
                 r["max_ms"],
                 f"{min(fps):.1f}–{max(fps):.1f}",
-                sum(sum(d.values()) for d in r["dropped"].values()),  # type: ignore[union-attr]
+                sum(sum(d.values()) for d in r["dropped"].values()),
             ]
         )
     print_table(
@@ -88,7 +88,7 @@ def run(quick: bool = False, *, seconds: float | None = None) -> Result:
     targets = [
         Target(
             f"p95 server-added delay, {c} call(s)",
-            float(r["p95_ms"]),  # type: ignore[arg-type]
+            float(r["p95_ms"]),
             TARGET_P95_MS,
             False,
             " ms",

@@ -86,7 +86,7 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
     steps = [FrameStep(i, i % count, 1.0) for i in range(n)]
     results["crop + model input"] = per_call_ms(lambda: [pipeline.prepare(s) for s in steps], 1) / n
     prepared = [pipeline.prepare(s) for s in steps[:8]]
-    visual = np.stack([p.visual for p in prepared])  # type: ignore[misc]
+    visual = np.stack([p.visual for p in prepared if p.visual is not None])
     faces = adapter.run(visual, np.zeros((8, *spec.audio_shape), dtype=np.float32))
     k = iter(range(10**9))
     results["paste-back (compose + feathered blend, I420)"] = per_call_ms(
@@ -101,7 +101,8 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
         p = prepared[j % 8]
         bgr = i420_to_bgr(frames.get(p.step.avatar_index))  # whole frame to BGR
         x1, y1, x2, y2 = p.rect
-        canvas = compose_crop(p.crop, faces[j % 8], spec.crop_border)  # type: ignore[arg-type]
+        assert p.crop is not None
+        canvas = compose_crop(p.crop, faces[j % 8], spec.crop_border)
         bgr[y1:y2, x1:x2] = cv2.resize(canvas, (x2 - x1, y2 - y1))
         return bgr
 
@@ -116,7 +117,7 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
         50,
     )
 
-    def encode_cost(make: Callable[[], object], on_yuv: bool) -> float:
+    def encode_cost(make: Callable[[], H264Encoder], on_yuv: bool) -> float:
         enc = make()
         counter = iter(range(10**9))
 
@@ -124,15 +125,15 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
             j = next(counter)
             frame = av.VideoFrame.from_ndarray(composed[j % 8], format="yuv420p")
             frame.pts, frame.time_base = j * 3600, Fraction(1, 90_000)
-            enc.encode(frame)  # type: ignore[attr-defined]
+            enc.encode(frame)
 
         for _ in range(10):
             one()  # open the codec, fill x264's pipeline
         wrap = results["frame assembly: from_ndarray(yuv420p)"]
         return per_call_ms(one, 40) - wrap  # the encode alone
 
-    def ours(preset: str) -> Callable[[], object]:
-        def make() -> object:
+    def ours(preset: str) -> Callable[[], H264Encoder]:
+        def make() -> H264Encoder:
             video = Settings.model_validate({"video": {"preset": preset}}).video
             factory = EncoderFactory(video)
             enc = factory.create(w, h)
@@ -147,7 +148,7 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
 
         return make
 
-    def naive() -> object:
+    def naive() -> H264Encoder:
         enc = H264Encoder()
         codec = av.CodecContext.create("libx264", "w")
         codec.width, codec.height, codec.pix_fmt = w, h, "yuv420p"
@@ -172,8 +173,10 @@ def child(frames: int, out: Path) -> None:
 
     cv2.setNumThreads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        results = {f"{w}x{h}": _measure((w, h), frames, Path(tmp) / f"{w}x{h}") for w, h in SIZES}
-    results["_affinity"] = {"cpus": sorted(os.sched_getaffinity(0))}  # type: ignore[dict-item]
+        results: dict[str, object] = {
+            f"{w}x{h}": _measure((w, h), frames, Path(tmp) / f"{w}x{h}") for w, h in SIZES
+        }
+    results["_affinity"] = {"cpus": sorted(os.sched_getaffinity(0))}
     out.write_text(json.dumps(results))
 
 
@@ -243,7 +246,7 @@ def run(quick: bool = False, *, frames: int | None = None) -> Result:
         summary["sizes"][size] = {
             "stages": stages,
             "ours_ms": ours,
-            "ours_ultrafast_ms": ours_fast,  # type: ignore[index]
+            "ours_ultrafast_ms": ours_fast,
             "naive_ms": naive,
             "speedup": naive / ours,
             "preset": preset,

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -58,7 +59,7 @@ class LiveRun:
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)
     server_cpu_s: float = 0.0
     window_s: float = 0.0
-    client: dict[str, object] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
     delay_ms: float = 0.0
     lookahead_ms: float = 0.0
 
@@ -89,7 +90,7 @@ async def live_server(
     await site.start()
     host, port = runner.addresses[0][:2]
     try:
-        yield runner.app, f"http://{host}:{port}"  # type: ignore[misc]
+        yield runner.app, f"http://{host}:{port}"
     finally:
         await runner.cleanup()
 

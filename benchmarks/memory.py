@@ -141,9 +141,9 @@ def run(quick: bool = False, *, avatars: int | None = None) -> Result:
                 reg["rss_after_mb"],
                 float(reg["rss_after_mb"]) - float(reg["rss_before_mb"]),
             ]
-        ],  # type: ignore[arg-type]
+        ],
     )
-    targets = [Target("MB per loaded avatar", float(per["slope_mb"]), TARGET_MB, False, " MB")]  # type: ignore[arg-type]
+    targets = [Target("MB per loaded avatar", float(per["slope_mb"]), TARGET_MB, False, " MB")]
     print_targets(targets)
     return {"per_avatar": per, "registered": reg, "targets": [t.as_json() for t in targets]}
 

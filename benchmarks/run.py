@@ -41,7 +41,7 @@ def main() -> None:
         f"lipstream benchmarks on {info['cpu']} ({info['cpus']} CPUs), {info['date']}, "
         f"load average {info['load_average']}"
     )
-    results: dict[str, Result] = {"machine": info, "quick": args.quick}  # type: ignore[dict-item]
+    results: dict[str, Result] = {"machine": info, "quick": args.quick}
     for name in args.only or BENCHMARKS:
         start = time.perf_counter()
         module = importlib.import_module(f"benchmarks.{name}")
@@ -51,7 +51,7 @@ def main() -> None:
         (name, t)
         for name, r in results.items()
         if isinstance(r, dict)
-        for t in r.get("targets", [])  # type: ignore[attr-defined]
+        for t in r.get("targets", [])
     ]
     print("\n## Targets\n")
     for name, t in targets:

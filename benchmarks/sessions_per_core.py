@@ -52,7 +52,7 @@ async def _measure(root: Path, seconds: float, max_calls: int) -> dict[str, list
                 run = await load_run(
                     app, url, calls=calls, seconds=seconds, speech=speech, avatar=avatar
                 )
-                fps = [float(f) for f in run.client["fps"]]  # type: ignore[attr-defined]
+                fps = [float(f) for f in run.client["fps"]]
                 grows = _growing(list(run.processing_ms.values()))
                 cores = run.server_cpu_s / run.window_s
                 dropped = sum(sum(d.values()) for d in run.dropped.values())
@@ -95,7 +95,7 @@ def run(quick: bool = False, *, seconds: float | None = None, max_calls: int = 8
             )
         passing = [r for r in results if r["pass"]]
         best = passing[-1] if passing else None
-        per_core = float(best["calls"]) / float(best["server_cores"]) if best else 0.0  # type: ignore[arg-type]
+        per_core = float(best["calls"]) / float(best["server_cores"]) if best else 0.0
         summary[label] = {
             "steps": results,
             "max_sessions": best["calls"] if best else 0,

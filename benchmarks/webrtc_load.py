@@ -28,7 +28,7 @@ from aiortc.mediastreams import MediaStreamError
 
 def allow_loopback() -> None:
     """aioice skips 127.0.0.1 host candidates; loopback-only machines need them."""
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]  # type: ignore[assignment]
+    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
 
 
 class Call:
