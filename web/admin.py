@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -35,6 +34,7 @@ from web.admin_auth import admin_only
 from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
 from web.errors import RequestError
 from web.health import health, ready
+from web.request_body import parse_json_object, read_limited
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_LOAD_BODY = 1024
@@ -166,19 +166,10 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def _device_index(request: web.Request) -> int | None:
     """The optional ``{"device": index}`` of a load request (400 for anything else)."""
-    if request.content_length is not None and request.content_length > MAX_LOAD_BODY:
-        raise RequestError(413, "body_too_large", f"the body is over {MAX_LOAD_BODY} bytes")
-    body = await request.content.read(MAX_LOAD_BODY + 1)
-    if len(body) > MAX_LOAD_BODY:
-        raise RequestError(413, "body_too_large", f"the body is over {MAX_LOAD_BODY} bytes")
+    body = await read_limited(request, MAX_LOAD_BODY)
     if not body.strip():
         return None
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, "bad_json", 'the body must be a JSON object like {"device": 0}')
+    data = parse_json_object(body, example='{"device": 0}')
     device = data.get("device")
     if device is None:
         return None

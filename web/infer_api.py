@@ -18,6 +18,7 @@ from aiohttp import web
 from inference_core.avatar import check_avatar_id
 from web.app_keys import CORE, SETTINGS
 from web.errors import RequestError
+from web.request_body import read_limited
 
 MAX_REQUEST_FRAMES = 32
 _F32 = np.dtype("<f4")
@@ -64,18 +65,12 @@ async def infer(request: web.Request) -> web.StreamResponse:
                 f"({n}x{list(spec.visual_shape)} + {n}x{list(spec.audio_shape)} float32), "
                 f"got Content-Length {declared}",
             )
-        body = await request.content.read(expected + 1)
-        while len(body) <= expected:
-            more = await request.content.read(expected + 1 - len(body))
-            if not more:
-                break
-            body += more
+        body = await read_limited(request, expected, f"the body for batch_size={n}")
         if len(body) != expected:
             raise RequestError(
                 400,
                 "bad_body_size",
-                f"body must be exactly {expected} bytes for batch_size={n}, "
-                f"got {'more' if len(body) > expected else len(body)}",
+                f"body must be exactly {expected} bytes for batch_size={n}, got {len(body)}",
             )
         visual = np.frombuffer(body, _F32, math.prod(visual_shape)).reshape(visual_shape)
         audio = np.frombuffer(body, _F32, offset=visual_bytes).reshape(audio_shape)

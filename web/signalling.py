@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from typing import Any
 
@@ -27,35 +26,12 @@ from streaming.session import Session
 from streaming.tts import check_text, check_voice
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
+from web.request_body import parse_json_object, read_limited
 from web.session_tokens import require_token
 
 
-async def _read_bounded(request: web.Request, limit: int, what: str) -> bytes:
-    """The request body, refusing (413) anything over ``limit`` bytes before reading it all."""
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestError(
-            413, "body_too_large", f"{what} is {request.content_length} bytes; at most {limit}"
-        )
-    body = await request.content.read(limit + 1)
-    while len(body) <= limit:
-        more = await request.content.read(limit + 1 - len(body))
-        if not more:
-            break
-        body += more
-    if len(body) > limit:
-        raise RequestError(413, "body_too_large", f"{what} is over the limit of {limit} bytes")
-    return body
-
-
 async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
-    body = await _read_bounded(request, limit, "the JSON body")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, "bad_json", "the body must be a JSON object")
-    return data
+    return parse_json_object(await read_limited(request, limit, "the JSON body"))
 
 
 def _string(data: dict[str, Any], key: str) -> str:
@@ -124,7 +100,7 @@ async def push_audio(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     session = _session(request)
     limits = AudioLimits.from_settings(settings.session)
-    body = await _read_bounded(request, limits.max_bytes, "the audio body")
+    body = await read_limited(request, limits.max_bytes, "the audio body")
     content_type = request.headers.get("Content-Type", "")
     samples = await asyncio.to_thread(
         decode_pushed_audio, body, content_type, dict(request.query), limits=limits
