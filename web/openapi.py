@@ -782,7 +782,7 @@ def _infer_path() -> Json:
                         "bad_input",
                     ),
                     404: ("model_not_found",),
-                    413: ("bad_body_size",),
+                    413: ("bad_body_size", "body_too_large"),
                     500: (*_MODEL_OPEN_500, "inference_failed"),
                     503: (*_MODEL_OPEN_503, "queue_full"),
                     504: ("deadline_exceeded",),
