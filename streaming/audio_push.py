@@ -29,6 +29,7 @@ import numpy as np
 
 from config.settings import SessionSettings
 from inference_core.exceptions import AudioError
+from streaming.resample import resample_mono
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ SUPPORTED_TYPES: tuple[str, ...] = (
 _RAW_FORMATS: Mapping[str, str] = MappingProxyType({"s16le": "<i2", "f32le": "<f4"})
 _MIN_RATE, _MAX_RATE = 1_000, 384_000
 _MAX_CHANNELS = 32
-# Raw PCM is fed to the resampler in pieces of this many samples (about 4 s at 16 kHz).
-_CHUNK_SAMPLES = 65_536
 # The seconds limit when settings give only a byte limit: far more than an app pushes
 # at once, and a cap on what a small compressed body may expand to.
 DEFAULT_MAX_SECONDS = 600.0
@@ -260,7 +259,7 @@ def _decode_raw(
         mono = np.nan_to_num(samples.mean(axis=1, dtype=np.float32), posinf=1.0, neginf=-1.0)
     else:
         mono = samples.mean(axis=1, dtype=np.float32) / np.float32(32768.0)
-    return _finish([_resample_mono(np.clip(mono, -1.0, 1.0), rate)])
+    return _finish([resample_mono(np.clip(mono, -1.0, 1.0), rate, TARGET_RATE)])
 
 
 def _required(params: Mapping[str, str], name: str, media: str) -> str:
@@ -292,22 +291,6 @@ def _int_param(
     if not low <= value <= high:
         raise AudioError(f"{name}={text!r} is not valid: use a whole number from {low} to {high}")
     return value
-
-
-def _resample_mono(pcm: np.ndarray, rate: int) -> np.ndarray:
-    """Resample float32 mono ``pcm`` at ``rate`` to 16 kHz with FFmpeg's resampler."""
-    if rate == TARGET_RATE:
-        return pcm.astype(np.float32)
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=TARGET_RATE)
-    out: list[np.ndarray] = []
-    for start in range(0, len(pcm), _CHUNK_SAMPLES):
-        piece = np.ascontiguousarray(pcm[start : start + _CHUNK_SAMPLES], dtype=np.float32)
-        frame = av.AudioFrame.from_ndarray(piece.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = rate
-        frame.pts = start
-        out += [f.to_ndarray().reshape(-1).copy() for f in resampler.resample(frame)]
-    out += [f.to_ndarray().reshape(-1).copy() for f in resampler.resample(None)]
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
 def _finish(chunks: list[np.ndarray]) -> np.ndarray:
