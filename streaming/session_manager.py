@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from streaming.video_encoder import (
 )
 
 logger = logging.getLogger(__name__)
+
+MAX_CACHED_AUDIO_ENCODERS = 64
 
 
 def ice_configuration(settings: Settings) -> RTCConfiguration:
@@ -82,7 +85,10 @@ class SessionManager:
         self.encoders = EncoderFactory(settings.video)
         self.executor = ThreadPoolExecutor(thread_name_prefix="lipstream-compose")
         self._sessions: dict[str, Session] = {}
-        self._audio_encoders: dict[str, AudioEncoder | None] = {}
+        # Audio-encoder sessions by avatar, most recently used last; bounded so that
+        # hundreds of avatars do not pin hundreds of ONNX sessions (live sessions keep
+        # their own reference, so dropping one here never breaks a call).
+        self._audio_encoders: OrderedDict[str, AudioEncoder | None] = OrderedDict()
         self._creating = 0
         self._closing = False
         self.counters = SessionCounters()
@@ -225,15 +231,18 @@ class SessionManager:
         return session
 
     async def _audio_encoder(self, avatar_id: str, model: ModelHandle) -> AudioEncoder | None:
-        if avatar_id not in self._audio_encoders:
-            path = model.package.encoder_path
-            if model.spec.audio_feature != "ave" or path is None:
-                self._audio_encoders[avatar_id] = None
-            else:
-                self._audio_encoders[avatar_id] = await asyncio.to_thread(
-                    AudioEncoder.from_path, path
-                )
-        return self._audio_encoders[avatar_id]
+        cache = self._audio_encoders
+        if avatar_id in cache:
+            cache.move_to_end(avatar_id)
+            return cache[avatar_id]
+        path = model.package.encoder_path
+        encoder = None
+        if model.spec.audio_feature == "ave" and path is not None:
+            encoder = await asyncio.to_thread(AudioEncoder.from_path, path)
+        cache[avatar_id] = encoder
+        while len(cache) > MAX_CACHED_AUDIO_ENCODERS:
+            cache.popitem(last=False)
+        return encoder
 
     def _forget(self, session: Session) -> None:
         if self._sessions.pop(session.session_id, None) is None:
