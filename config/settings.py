@@ -265,9 +265,10 @@ class VideoSettings(_Section):
         "slow",
         "slower",
         "veryslow",
-    ] = "veryfast"
+    ] = "superfast"
     bitrate_kbps: int | None = Field(default=None, ge=100)
     keyframe_interval_s: float = Field(default=2.0, gt=0)
+    encoder_threads: int = Field(default=1, ge=0, le=64)
 
 
 class SessionSettings(_Section):

@@ -82,11 +82,11 @@ _NVENC_PRESETS: dict[str, str] = {
 }
 
 # How far REMB may move the bitrate from the configured one. Below 0.25× the picture
-# falls apart; above 1.5× we spend CPU/bandwidth the session was not sized for.
+# falls apart. The configured bitrate is the ceiling: above it we would spend CPU and
+# bandwidth the session was not sized for (a receiver's REMB climbs to 1.5× within
+# 10 s of a call on loopback, and x264 spent ≈1 ms more per 720p frame there).
 REMB_MIN_FACTOR = 0.25
-REMB_MAX_FACTOR = 1.5
-# aiortc re-creates the codec when the target moves by more than this fraction.
-_REOPEN_THRESHOLD = 0.1
+REMB_MAX_FACTOR = 1.0
 
 # The RTP clock: frames keep their pts exactly. A 1/fps time base (aiortc uses 1/30)
 # makes PyAV round every pts, which jitters x264's rate control for 25 fps input.
@@ -139,6 +139,7 @@ class EncoderConfig:
     gop: int
     level: str
     profile: str = "baseline"
+    threads: int = 1
 
     def __post_init__(self) -> None:
         if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
@@ -147,6 +148,8 @@ class EncoderConfig:
             )
         if self.fps <= 0:
             raise ValueError(f"fps must be positive, got {self.fps}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = the encoder decides), got {self.threads}")
         if self.bitrate <= 0 or self.gop < 1:
             raise ValueError(f"bitrate ({self.bitrate}) and gop ({self.gop}) must be positive")
         if self.preset not in _NVENC_PRESETS:
@@ -176,6 +179,7 @@ class EncoderConfig:
             bitrate=bitrate,
             gop=max(1, round(settings.keyframe_interval_s * fps)),
             level=h264_level(width, height, fps, round(bitrate * REMB_MAX_FACTOR)),
+            threads=settings.encoder_threads,
         )
 
     @property
@@ -185,7 +189,7 @@ class EncoderConfig:
 
     @property
     def max_bitrate(self) -> int:
-        """The highest bitrate REMB may ask for (1.5× the configured one)."""
+        """The highest bitrate REMB may ask for (the configured one)."""
         return round(self.bitrate * REMB_MAX_FACTOR)
 
     def resized(self, width: int, height: int) -> EncoderConfig:
@@ -219,7 +223,15 @@ class EncoderConfig:
                 "delay": "0",
                 "rc": "cbr",
             }
-        return common | {"preset": self.preset, "tune": "zerolatency", "maxrate": str(rate)}
+        return common | {
+            "preset": self.preset,
+            "tune": "zerolatency",
+            "maxrate": str(rate),
+            # One thread per stream by default: a server runs many streams at once, so
+            # streams are the parallelism; x264's own default (1.5 threads per core,
+            # sliced with zerolatency) would start dozens of threads per call.
+            "threads": str(self.threads),
+        }
 
 
 def open_codec(config: EncoderConfig, bitrate: int | None = None) -> VideoCodecContext:
@@ -243,9 +255,11 @@ class LipstreamH264Encoder(H264Encoder):
     """aiortc's H.264 encoder opened with an :class:`EncoderConfig`.
 
     aiortc's packetizer, ``encode()`` and REMB handling are inherited. REMB moves
-    ``target_bitrate`` within [0.25×, 1.5×] of the configured bitrate; as in aiortc, a
-    move of more than 10% re-creates the codec (the next frame is an IDR). A forced
-    keyframe (PLI) is an IDR. If NVENC cannot be opened for this stream (e.g. the GPU's
+    ``target_bitrate`` within [0.25×, 1×] of the configured bitrate, and the open codec
+    follows it in place (FFmpeg reconfigures x264's rate control, and NVENC's where the
+    GPU supports dynamic bitrate): unlike aiortc, which re-creates the codec on a 10%
+    move, no IDR burst and no new encoder threads. A new frame size re-opens the codec.
+    A forced keyframe (PLI) is an IDR. If NVENC cannot be opened for this stream (e.g. the GPU's
     session limit), the stream falls back to libx264 with a warning.
     """
 
@@ -274,10 +288,12 @@ class LipstreamH264Encoder(H264Encoder):
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         codec = self.codec
-        if codec is not None and self._must_reopen(codec, frame):
+        if codec is not None and (frame.width, frame.height) != (codec.width, codec.height):
             self.buffer_data = b""
             self.buffer_pts = None
             codec = self.codec = None
+        if codec is not None and codec.bit_rate != self._target:
+            codec.bit_rate = self._target  # read by the encoder on its next frame
         # With forced-idr=1 an I picture request becomes an IDR; NONE lets the encoder
         # decide (a frame object reused by the track may carry an old type).
         frame.pict_type = PictureType.I if force_keyframe else PictureType.NONE
@@ -286,12 +302,6 @@ class LipstreamH264Encoder(H264Encoder):
         data = b"".join(bytes(packet) for packet in codec.encode(frame))
         if data:
             yield from self._split_bitstream(data)
-
-    def _must_reopen(self, codec: VideoCodecContext, frame: av.VideoFrame) -> bool:
-        if frame.width != codec.width or frame.height != codec.height:
-            return True
-        current = codec.bit_rate or self._target
-        return abs(self._target - current) / current > _REOPEN_THRESHOLD
 
     def _open(self, width: int, height: int) -> VideoCodecContext:
         if (width, height) != (self._config.width, self._config.height):
