@@ -4,6 +4,11 @@ Video frame ``n`` (the face for audio time ``n/fps``) and audio chunk ``m`` (aud
 ``m·20 ms``) are both handed to aiortc at ``start + delay + their audio time``. A track
 that falls behind skips to the current slot instead of sleeping negative times, so
 lateness never turns into growing latency.
+
+Both tracks hand aiortc what it can send with the least work on the event loop: video
+frames wrap the composed yuv420p array without a copy, and audio arrives as Opus
+packets already encoded here (aiortc would otherwise hop to a thread per 20 ms chunk to
+encode it and compute an RFC 6465 audio level sample by sample in Python).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import av
 import numpy as np
@@ -28,6 +34,8 @@ VIDEO_CLOCK = 90_000
 AUDIO_CHUNK_S = CHUNK_SAMPLES / OUT_RATE
 # Lateness a track makes up by sending at once; beyond it, missed slots are skipped.
 CATCH_UP_S = 0.1
+#: Opus bitrate of the outgoing voice (mono, 20 ms frames): transparent for speech.
+OPUS_BITRATE = 48_000
 
 
 class SessionClock:
@@ -100,7 +108,10 @@ class AvatarVideoTrack(MediaStreamTrack):
         index, skipped = await _wait_for_slot(self._clock, self._next, 1.0 / self._fps)
         self.frames_skipped += skipped
         self._next = index + 1
-        frame = av.VideoFrame.from_ndarray(await self._source(index), format="yuv420p")
+        # No copy: composed frames are fresh arrays and cached backgrounds are read-only,
+        # so nothing writes to the buffer while aiortc's encoder thread reads it.
+        image = np.ascontiguousarray(await self._source(index))
+        frame = av.VideoFrame.from_numpy_buffer(image, format="yuv420p")
         frame.pts = index * VIDEO_CLOCK // self._fps
         frame.time_base = self._time_base
         self.frames_sent += 1
@@ -110,8 +121,47 @@ class AvatarVideoTrack(MediaStreamTrack):
 ChunkSource = Callable[[int], np.ndarray]
 
 
+class OpusChunkEncoder:
+    """Encodes 20 ms float32 mono chunks at 48 kHz to Opus, one packet per chunk.
+
+    Packets are stamped with their chunk's place on the timeline (``index · 960`` in a
+    1/48000 time base), which aiortc turns into the RTP timestamp as is. Mono: the SDP
+    says ``opus/48000/2`` for every Opus stream, and decoders play mono packets.
+    """
+
+    def __init__(self, bitrate: int = OPUS_BITRATE) -> None:
+        self._time_base = fractions.Fraction(1, OUT_RATE)
+        codec = av.CodecContext.create("libopus", "w")
+        codec.sample_rate = OUT_RATE
+        codec.layout = "mono"
+        codec.format = "flt"
+        codec.bit_rate = bitrate
+        codec.time_base = self._time_base
+        codec.options = {"application": "voip", "frame_duration": "20"}
+        codec.open()
+        self._codec = codec
+
+    def encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
+        """The Opus packet for chunk ``index`` (``CHUNK_SAMPLES`` float32 samples)."""
+        if chunk.shape != (CHUNK_SAMPLES,):
+            raise ValueError(f"an audio chunk is {CHUNK_SAMPLES} samples, got {chunk.shape}")
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(chunk, dtype=np.float32)[None, :], format="flt", layout="mono"
+        )
+        frame.sample_rate = OUT_RATE
+        frame.pts = index * CHUNK_SAMPLES
+        frame.time_base = self._time_base
+        packets = self._codec.encode(frame)
+        if len(packets) != 1:  # libopus emits exactly one packet per full frame
+            raise RuntimeError(f"libopus returned {len(packets)} packets for one 20 ms frame")
+        packet = packets[0]
+        packet.pts = index * CHUNK_SAMPLES
+        packet.time_base = self._time_base
+        return packet
+
+
 class AvatarAudioTrack(MediaStreamTrack):
-    """The session's audio timeline, delayed to match the video, as 20 ms s16 frames."""
+    """The session's audio timeline, delayed to match the video, as 20 ms Opus packets."""
 
     kind = "audio"
 
@@ -120,7 +170,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._clock = clock
         self._source = source
         self._next = 0
-        self._time_base = fractions.Fraction(1, OUT_RATE)
+        self._encoder = OpusChunkEncoder()
         self.chunks_skipped = 0
 
     @property
@@ -128,16 +178,11 @@ class AvatarAudioTrack(MediaStreamTrack):
         """The next 20 ms chunk this track will send."""
         return self._next
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         index, skipped = await _wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
         self.chunks_skipped += skipped
         self._next = index + 1
-        pcm = np.clip(self._source(index) * 32767.0, -32768, 32767).astype(np.int16)
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
-        frame.sample_rate = OUT_RATE
-        frame.pts = index * CHUNK_SAMPLES
-        frame.time_base = self._time_base
-        return frame
+        return self._encoder.encode(self._source(index), index)
 

@@ -337,10 +337,13 @@ class Session:
             self._chunks_made += 1
             self._outbound[index] = chunk
             self._prune(index)
-            pcm_16k = self._to_features.push(chunk)
-            ready = await loop.run_in_executor(self._executor, self._features.push, pcm_16k)
+            ready = await loop.run_in_executor(self._executor, self._features_for, chunk)
             for item in ready:
                 self._on_features(item)
+
+    def _features_for(self, chunk: np.ndarray) -> list[FrameAudio]:
+        """Resample a timeline chunk to 16 kHz and advance the features (off the loop)."""
+        return self._features.push(self._to_features.push(chunk))
 
     def _prune(self, chunk_index: int) -> None:
         """Bound the send buffers even if a track is never pulled (not negotiated)."""
