@@ -275,6 +275,8 @@ class LoadedModel:
         self, requests: Sequence[FrameRequest], output: np.ndarray
     ) -> list[np.ndarray]:
         faces = [i for i, r in enumerate(requests) if not r.raw]
+        if len(faces) == len(requests):
+            return list(self._require_adapter().to_uint8(output))
         bgr = self._require_adapter().to_uint8(output[faces]) if faces else None
         results: list[np.ndarray] = []
         face_index = 0

