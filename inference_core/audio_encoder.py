@@ -76,12 +76,20 @@ class AudioEncoder:
         providers: list[str] | None = None,
         session_options: Any = None,
     ) -> AudioEncoder:
-        """Load the encoder from an ONNX file; :class:`ModelLoadError` says why it cannot."""
+        """Load the encoder from an ONNX file; :class:`ModelLoadError` says why it cannot.
+
+        By default on one thread that never spin-waits: the encoder runs one small
+        window per frame in each session's own thread, so sessions are the parallelism
+        (onnxruntime's default, a spinning pool per session, burnt a core's share in
+        every call).
+        """
         model = Path(path)
         if not model.is_file():
             raise ModelLoadError(
                 f"audio encoder model not found: {model} (check the avatar's audio_encoder path)"
             )
+        if session_options is None:
+            session_options = single_thread_options()
         try:
             session = ort.InferenceSession(
                 str(model),
@@ -133,3 +141,12 @@ class AudioEncoder:
                 f"{count} windows, expected [{count},{ENCODER_FEATURES}]"
             )
         return result
+
+
+def single_thread_options() -> ort.SessionOptions:
+    """Session options for a small model run inline by its caller's thread."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
