@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from config.settings import DevicesSettings
+from inference_core.demo_models import build_lipsync_model
 from inference_core.devices import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -115,6 +118,31 @@ def test_session_config_for_cpu() -> None:
     _, shared = session_config(Device(0), _settings(count=2, workers_per_device=2))
     assert shared.intra_op_num_threads == max(1, cores // 4)
     assert shared.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_cpu_sessions_share_one_arena(tmp_path: Path) -> None:
+    """Per-session arenas kept ≈50 MB each after a batch-8 run of the demo model."""
+    model = build_lipsync_model(tmp_path / "m.onnx")
+    feeds = {
+        "visual": np.zeros((8, 6, 320, 320), np.float32),
+        "audio": np.zeros((8, 32, 16, 16), np.float32),
+    }
+    providers, options = session_config(Device(0), _settings())
+    assert options.get_session_config_entry("session.use_env_allocators") == "1"
+
+    def open_and_run() -> ort.InferenceSession:
+        session = ort.InferenceSession(str(model), options, providers=providers)
+        names = [i.name for i in session.get_inputs()]
+        session.run(None, {names[0]: feeds["visual"], names[1]: feeds["audio"]})
+        return session
+
+    sessions = [open_and_run()]  # the shared arena grows to one run's peak once
+    probe = SystemMemoryProbe(_settings())
+    before = probe.used_bytes(Device(0))
+    sessions += [open_and_run() for _ in range(4)]
+    grown = probe.used_bytes(Device(0)) - before
+    probe.close()
+    assert grown < 4 * 20 * MIB, f"{grown / MIB:.0f} MiB for 4 more sessions"
 
 
 def test_cpu_memory_probe_sees_allocations() -> None:
