@@ -103,9 +103,9 @@ async def drive(
                     await asyncio.sleep(0.05)
             await asyncio.gather(*(c.speak(wav) for c in active))
             await asyncio.sleep(1.0)  # the speech reaches the video after the delay
-            start = time.monotonic()
+            start, cpu_start = time.monotonic(), time.process_time()
             await asyncio.sleep(seconds)
-            end = time.monotonic()
+            end, cpu_end = time.monotonic(), time.process_time()
             halves = [
                 (c.fps_between(start, (start + end) / 2), c.fps_between((start + end) / 2, end))
                 for c in active
@@ -113,6 +113,7 @@ async def drive(
             return {
                 "calls": calls,
                 "window_s": end - start,
+                "client_cores": (cpu_end - cpu_start) / (end - start),
                 "fps": [c.fps_between(start, end) for c in active],
                 "fps_halves": halves,
                 "session_ids": [c.session_id for c in active],

@@ -36,9 +36,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
+from inference_core.arrivals import STALE_S, Arrivals
 from inference_core.events import CoreEvents, NoCoreEvents
 from inference_core.exceptions import (
     DeadlineExceededError,
@@ -149,6 +151,8 @@ class DeviceScheduler:
         # One condition guards every field below; workers wait on it for frames.
         self._cond = threading.Condition()
         self._queues: dict[str, _ModelQueue] = {}
+        self._arrivals = Arrivals()  # whom a waiting batch can still expect
+        self._arrivals_pruned_at = -math.inf
         self._pending = 0
         self._in_flight = 0
         self._sequence = itertools.count()
@@ -256,6 +260,11 @@ class DeviceScheduler:
                 else:
                     queue.runner = runner  # a reloaded model's newest runner serves its frames
                 queue.push((request.deadline, next(self._sequence), now, request))
+                if request.session_id is not None:
+                    self._arrivals.note(model_id, request.session_id, now)
+                if now - self._arrivals_pruned_at > STALE_S:
+                    self._arrivals.forget_stale(now)
+                    self._arrivals_pruned_at = now
                 self._pending += 1
                 self._stats.submitted += 1
                 # One waiter is enough: whoever takes a batch wakes the next if work is left.
@@ -424,7 +433,7 @@ class DeviceScheduler:
                     earliest - self._stats.run_estimate(model_id),
                 )
                 full = len(queue.heap) >= self._limit(queue.runner)
-                if full or ready_at <= now:
+                if full or ready_at <= now or self._nobody_to_wait_for(model_id, queue, now):
                     if best is None or earliest < best.heap[0][0]:
                         best, best_id = queue, model_id
                 else:
@@ -449,6 +458,20 @@ class DeviceScheduler:
                 self._cond.notify()  # more work may be ready for another worker
             return _Job(runner, batch, expired, [now - entry[2] for entry in entries])
         return None
+
+    def _nobody_to_wait_for(self, model_id: str, queue: _ModelQueue, now: float) -> bool:
+        """True when no session missing from the batch is due within the batching window.
+
+        Frames without a session (the raw API) keep the plain window: their callers'
+        timing is unknown.
+        """
+        sessions = {entry[3].session_id for entry in queue.heap}
+        if None in sessions:
+            return False
+        until = queue.oldest + self._max_wait
+        return not self._arrivals.partner_expected(
+            model_id, cast(set[str], sessions), until, now
+        )
 
     def _limit(self, runner: ModelRunner) -> int:
         return max(1, min(self._max_batch_size, runner.max_batch_size))

@@ -260,26 +260,52 @@ async def test_lone_frame_runs_alone_after_max_wait(harness: Harness) -> None:
     assert runner.batches == [[request]]
 
 
-async def test_batching_window_waits_for_more_frames_then_times_out(harness: Harness) -> None:
+async def test_batching_window_waits_for_a_session_that_is_due_then_times_out(
+    harness: Harness,
+) -> None:
     clock = FakeClock()  # frozen: the window ends only when the test advances the clock
     scheduler = harness.scheduler(workers=2, max_batch_size=4, max_wait_ms=200, clock=clock)
     runner = RecordingRunner("m")
+    # Two rounds at 25 fps teach the scheduler each session's rhythm.
+    for _ in range(2):
+        warm = [frame("m", clock.now + FAR, session=f"s{i}") for i in range(4)]
+        for request in warm:
+            scheduler.submit(request, runner)
+        await settle(warm)
+        clock.advance(0.04)
+    runner.batches.clear()
+
     first_three = [frame("m", clock.now + FAR, session=f"s{i}") for i in range(3)]
     for request in first_three:
         scheduler.submit(request, runner)
-        await asyncio.sleep(0)
-    assert scheduler.pending_for("m") == 3  # not full and inside the window: nobody runs
+    await asyncio.sleep(0.05)
+    assert scheduler.pending_for("m") == 3  # s3 is due now: the batch waits for it
     fourth = frame("m", clock.now + FAR, session="s3")
     scheduler.submit(fourth, runner)  # the batch is full now
 
     await settle([*first_three, fourth])
     assert runner.batches == [[*first_three, fourth]]
 
-    straggler = frame("m", clock.now + FAR)
+    straggler = frame("m", clock.now + FAR)  # no session: the plain window applies
     scheduler.submit(straggler, runner)
+    await asyncio.sleep(0.05)
+    assert scheduler.pending_for("m") == 1
     clock.advance(0.3)  # past max_wait: it runs alone
     await settle([straggler])
     assert runner.batches[1:] == [[straggler]]
+
+
+async def test_frames_do_not_wait_for_partners_that_are_not_due(harness: Harness) -> None:
+    clock = FakeClock()  # frozen: a frame that waited for the window would never run
+    scheduler = harness.scheduler(max_batch_size=4, max_wait_ms=10, clock=clock)
+    runner = RecordingRunner("m")
+    for _ in range(4):  # two calls at 25 fps, 20 ms apart: the partner is never 10 ms away
+        for session in ("a", "b"):
+            request = frame("m", clock.now + FAR, session=session)
+            scheduler.submit(request, runner)
+            await settle([request])  # settle() gives up after a few seconds
+            clock.advance(0.02)
+    assert [len(batch) for batch in runner.batches] == [1] * 8
 
 
 async def test_batching_window_ends_at_the_frame_deadline(harness: Harness) -> None:
