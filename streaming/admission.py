@@ -14,7 +14,8 @@ so the worst case is the only safe one). A device's budget is ``workers`` × 100
 2. the device's measured mean over every model it ran (scheduler busy time / frames);
 3. ``server.inference_ms_per_frame_estimate`` when the device has run nothing yet.
 
-**CPU, per process.** Audio features, crop, paste-back and H.264 encoding run on this
+**CPU, per process.** Audio features, crop, paste-back, H.264 encoding and the WebRTC
+send path (RTP, SRTP, Opus, the session's timeline on the event loop) run on this
 process's cores: a session costs ``cpu_ms_per_frame`` × fps, plus its inference when its
 device is a CPU device (the same cores). The budget is the usable cores × 1000 ms ×
 headroom. ``cpu_ms_per_frame`` is ``server.cpu_ms_per_session_frame`` (given for a
@@ -57,9 +58,12 @@ REFERENCE_PIXELS = 1280 * 720
 #: Assumed for an avatar whose package has not been read yet (the manifest defaults).
 DEFAULT_FPS = 25
 DEFAULT_FRAME_SIZE = (1280, 720)
-#: CPU ms per output frame outside encoding, demo avatar at 1280×720 (docs/performance.md,
-#: 2-core EPYC VM): audio features 0.33 + crop and model input 1.17 + paste-back 0.37.
-STAGES_CPU_MS = 1.9
+#: CPU ms per output frame outside encoding and inference, one live 1280×720 demo call
+#: speaking all the time (2-core EPYC VM, per-thread CPU from /proc, docs/benchmarks.md
+#: §6): ≈11.8 ms per frame with superfast, less the 4.9 ms its encode costs. Audio
+#: features, crop and paste-back are ≈1.9 ms of it; the rest is the WebRTC send path,
+#: audio and the executor hand-offs, which do not shrink with the frame.
+STAGES_CPU_MS = 7.0
 #: libx264 (tune zerolatency) CPU time per 1280×720 frame, ``VideoFrame.from_ndarray``
 #: included: process time over 100 demo frames (40 for slow..veryslow), best of 3 runs,
 #: on the same VM. CPU time, not wall time: x264's threads all use the cores.
