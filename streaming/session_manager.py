@@ -21,7 +21,7 @@ from compositor.background_cache import AvatarFrames, BackgroundCache
 from config.settings import Settings
 from inference_core.audio_encoder import AudioEncoder
 from inference_core.core import InferenceCore, ModelHandle
-from streaming.admission import AdmissionControl
+from streaming.admission import AdmissionControl, usable_cpus
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.offer_check import OfferInfo
 from streaming.session import Session
@@ -83,7 +83,14 @@ class SessionManager:
         self.on_frame_ready = on_frame_ready
         self.cache = BackgroundCache(settings.cache.background_cache_bytes)
         self.encoders = EncoderFactory(settings.video)
-        self.executor = ThreadPoolExecutor(thread_name_prefix="lipstream-compose")
+        # One thread per usable core: the jobs are short CPU work (features, crop,
+        # paste), so more threads only add switches. Python's default (cores + 4)
+        # cost ≈10% more CPU per frame with 3 live 720p calls on 2 cores (12.4 and
+        # 11.2 vs 13.1 and 13.0 ms per frame, two runs each).
+        self.compose_threads = usable_cpus()
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.compose_threads, thread_name_prefix="lipstream-compose"
+        )
         self._sessions: dict[str, Session] = {}
         # Audio-encoder sessions by avatar, most recently used last; bounded so that
         # hundreds of avatars do not pin hundreds of ONNX sessions (live sessions keep
