@@ -5,7 +5,8 @@
 
 For the demo avatar at 854×480 and 1280×720, in ms per output frame of a speaking
 session (every frame lip-synced): audio features (20 ms pushes), crop + model input,
-paste-back, frame assembly (``VideoFrame.from_ndarray``), H.264 encode with the
+paste-back, frame assembly (``VideoFrame.from_numpy_buffer``, as the video track wraps
+the composed array without a copy), H.264 encode with the
 configured encoder (``EncoderFactory(settings.video).create(w, h)``, default preset and
 ultrafast). In the same run, the naive way: full-frame BGR compositing (the whole
 background converted to BGR, the face pasted in BGR with ``cv2.resize``, then the whole
@@ -32,10 +33,13 @@ import tempfile
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import Result, Target, per_call_ms, print_table, print_targets
 
 SIZES = ((854, 480), (1280, 720))
+PASSES = 3
+ASSEMBLY = "frame assembly: from_numpy_buffer(yuv420p)"
 TARGET_MS = 6.0
 TARGET_SPEEDUP = 2.0
 SAMPLE = Path(__file__).resolve().parent.parent / "web" / "static" / "sample.wav"
@@ -93,8 +97,8 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
         lambda: pipeline.compose(prepared[(j := next(k)) % 8], faces[j % 8]), 50
     )
     composed = [pipeline.compose(p, f) for p, f in zip(prepared, faces, strict=True)]
-    results["frame assembly: from_ndarray(yuv420p)"] = per_call_ms(
-        lambda: av.VideoFrame.from_ndarray(composed[next(k) % 8], format="yuv420p"), 100
+    results[ASSEMBLY] = per_call_ms(
+        lambda: av.VideoFrame.from_numpy_buffer(composed[next(k) % 8], format="yuv420p"), 100
     )
 
     def naive_compose(j: int) -> np.ndarray:
@@ -123,13 +127,13 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
 
         def one() -> None:
             j = next(counter)
-            frame = av.VideoFrame.from_ndarray(composed[j % 8], format="yuv420p")
+            frame = av.VideoFrame.from_numpy_buffer(composed[j % 8], format="yuv420p")
             frame.pts, frame.time_base = j * 3600, Fraction(1, 90_000)
             enc.encode(frame)
 
         for _ in range(10):
             one()  # open the codec, fill x264's pipeline
-        wrap = results["frame assembly: from_ndarray(yuv420p)"]
+        wrap = results[ASSEMBLY]
         return per_call_ms(one, 40) - wrap  # the encode alone
 
     def ours(preset: str) -> Callable[[], H264Encoder]:
@@ -184,9 +188,7 @@ def _pin() -> None:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
-def run(quick: bool = False, *, frames: int | None = None) -> Result:
-    """Measure in a pinned child process, print the tables, return JSON-able results."""
-    frames = frames or (60 if quick else 200)
+def _measure_in_child(frames: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "frame_costs.json"
         subprocess.run(
@@ -203,9 +205,23 @@ def run(quick: bool = False, *, frames: int | None = None) -> Result:
             check=True,
             preexec_fn=_pin,
         )
-        measured = json.loads(out.read_text())
+        measured: dict[str, Any] = json.loads(out.read_text())
+    return measured
+
+
+def run(quick: bool = False, *, frames: int | None = None) -> Result:
+    """Measure in a pinned child process, print the tables, return JSON-able results."""
+    frames = frames or (60 if quick else 200)
+    # Best of PASSES runs, each a fresh pinned process, stage by stage (as timeit takes
+    # the best): other tenants of a shared machine only ever add time.
+    passes = [_measure_in_child(frames) for _ in range(PASSES)]
+    measured = passes[0]
+    for size, stages in measured.items():
+        if not size.startswith("_"):
+            for stage in stages:
+                stages[stage] = min(p[size][stage] for p in passes)
     affinity = measured.pop("_affinity")
-    summary: Result = {"frames": frames, "affinity": affinity, "sizes": {}}
+    summary: Result = {"frames": frames, "passes": PASSES, "affinity": affinity, "sizes": {}}
     targets: list[Target] = []
     for size, stages in measured.items():
         preset = next(k.split(":", 1)[1] for k in stages if k.startswith("_preset:"))
@@ -214,7 +230,7 @@ def run(quick: bool = False, *, frames: int | None = None) -> Result:
         ours = (
             shared
             + stages["paste-back (compose + feathered blend, I420)"]
-            + stages["frame assembly: from_ndarray(yuv420p)"]
+            + stages[ASSEMBLY]
             + stages[f"H.264 encode, ours ({preset}, default)"]
         )
         ours_fast = (
