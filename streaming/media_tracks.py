@@ -6,9 +6,10 @@ that falls behind skips to the current slot instead of sleeping negative times, 
 lateness never turns into growing latency.
 
 Both tracks hand aiortc what it can send with the least work on the event loop: video
-frames wrap the composed yuv420p array without a copy, and audio arrives as Opus
-packets already encoded here (aiortc would otherwise hop to a thread per 20 ms chunk to
-encode it and compute an RFC 6465 audio level sample by sample in Python).
+frames wrap the composed yuv420p array without a copy, and audio chunks arrive as Opus
+packets, encoded off the loop when the session's timeline makes them (aiortc would
+otherwise hop to a thread per 20 ms chunk to encode it and compute an RFC 6465 audio
+level sample by sample in Python).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         return frame
 
 
-ChunkSource = Callable[[int], np.ndarray]
+PacketSource = Callable[[int], "av.Packet[Any]"]
 
 
 class OpusChunkEncoder:
@@ -156,10 +157,20 @@ class OpusChunkEncoder:
         packets = self._codec.encode(frame)
         if len(packets) != 1:  # libopus emits exactly one packet per full frame
             raise RuntimeError(f"libopus returned {len(packets)} packets for one 20 ms frame")
-        packet = packets[0]
-        packet.pts = index * CHUNK_SAMPLES
-        packet.time_base = self._time_base
-        return packet
+        return stamped(bytes(packets[0]), index)
+
+
+def stamped(payload: bytes, index: int) -> av.Packet[Any]:
+    """An Opus packet carrying ``payload`` at chunk ``index`` of the timeline."""
+    packet = av.Packet(payload)
+    packet.pts = index * CHUNK_SAMPLES
+    packet.time_base = fractions.Fraction(1, OUT_RATE)
+    return packet
+
+
+#: One 20 ms Opus frame of silence, what a chunk that must not be heard is replaced by
+#: (any valid Opus packet decodes whatever came before it).
+SILENCE = bytes(OpusChunkEncoder().encode(np.zeros(CHUNK_SAMPLES, dtype=np.float32), 0))
 
 
 class AvatarAudioTrack(MediaStreamTrack):
@@ -167,12 +178,11 @@ class AvatarAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clock: SessionClock, source: ChunkSource) -> None:
+    def __init__(self, clock: SessionClock, source: PacketSource) -> None:
         super().__init__()
         self._clock = clock
         self._source = source
         self._next = 0
-        self._encoder = OpusChunkEncoder()
         self.chunks_skipped = 0
 
     @property
@@ -186,5 +196,4 @@ class AvatarAudioTrack(MediaStreamTrack):
         index, skipped = await _wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
         self.chunks_skipped += skipped
         self._next = index + 1
-        return self._encoder.encode(self._source(index), index)
-
+        return self._source(index)

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import av
 import numpy as np
@@ -38,9 +38,17 @@ from inference_core.audio_encoder import AudioEncoder
 from inference_core.audio_features import AudioFeatureStream, FrameAudio, lookahead_ms
 from inference_core.core import ModelHandle
 from inference_core.exceptions import InferenceError
-from streaming.audio_mixer import CHUNK_SAMPLES, OUT_RATE, AudioMixer
+from streaming.audio_mixer import OUT_RATE, AudioMixer
 from streaming.frame_pipeline import FramePipeline
-from streaming.media_tracks import AUDIO_CHUNK_S, AvatarAudioTrack, AvatarVideoTrack, SessionClock
+from streaming.media_tracks import (
+    AUDIO_CHUNK_S,
+    SILENCE,
+    AvatarAudioTrack,
+    AvatarVideoTrack,
+    OpusChunkEncoder,
+    SessionClock,
+    stamped,
+)
 from streaming.peer_close import close_peer_connection
 from streaming.resample import MonoResampler, resample_mono
 from streaming.video_encoder import _SENDER_ENCODER_ATTR as SENDER_ENCODER_ATTR
@@ -192,12 +200,14 @@ class Session:
         )
         self._mixer = AudioMixer(max_pushed_s=settings.session.max_queued_audio_s)
         self._to_features = MonoResampler(OUT_RATE, FEATURE_RATE)
+        self._opus = OpusChunkEncoder()
         self._clock = SessionClock(self.delay_s, self._on_clock_start)
         self.video = AvatarVideoTrack(self._clock, self.fps, self._frame_for)
         self.audio = AvatarAudioTrack(self._clock, self._chunk_for)
         self._ready: dict[int, np.ndarray] = {}  # composed frames waiting to be sent
         self._pending: dict[int, asyncio.Task[None]] = {}
-        self._outbound: dict[int, np.ndarray] = {}  # timeline chunks waiting to be sent
+        self._outbound: dict[int, av.Packet[Any]] = {}  # Opus chunks waiting to be sent
+        self._interrupts = 0
         self._chunks_made = 0
         self._silent_until = -1  # frames up to here were cut by an interrupt
         self._tasks: set[asyncio.Task[None]] = set()
@@ -300,8 +310,12 @@ class Session:
         for task in self._pending.values():
             task.cancel()
         self._ready.clear()
+        self._interrupts += 1
+        # A fresh encoder: the old one holds the last speech in its look-ahead and would
+        # put it into the next packet it makes, heard a session delay from now.
+        self._opus = OpusChunkEncoder()
         for index in self._outbound:  # what the caller has not heard yet goes quiet
-            self._outbound[index] = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+            self._outbound[index] = stamped(SILENCE, index)
         logger.info(
             "session interrupted: session=%s dropped_audio_s=%.2f", self.session_id, dropped
         )
@@ -335,15 +349,24 @@ class Session:
             chunk = self._mixer.next_chunk()
             index = self._chunks_made
             self._chunks_made += 1
-            self._outbound[index] = chunk
+            interrupts = self._interrupts
+            packet, ready = await loop.run_in_executor(
+                self._executor, self._process_chunk, self._opus, chunk, index
+            )
+            # An interrupt while the chunk was being encoded silences it too.
+            self._outbound[index] = (
+                packet if interrupts == self._interrupts else stamped(SILENCE, index)
+            )
             self._prune(index)
-            ready = await loop.run_in_executor(self._executor, self._features_for, chunk)
             for item in ready:
                 self._on_features(item)
 
-    def _features_for(self, chunk: np.ndarray) -> list[FrameAudio]:
-        """Resample a timeline chunk to 16 kHz and advance the features (off the loop)."""
-        return self._features.push(self._to_features.push(chunk))
+    def _process_chunk(
+        self, opus: OpusChunkEncoder, chunk: np.ndarray, index: int
+    ) -> tuple[av.Packet[Any], list[FrameAudio]]:
+        """Off the loop: the chunk's Opus packet, and the features it completes (16 kHz)."""
+        packet = opus.encode(chunk, index)
+        return packet, self._features.push(self._to_features.push(chunk))
 
     def _prune(self, chunk_index: int) -> None:
         """Bound the send buffers even if a track is never pulled (not negotiated)."""
@@ -419,11 +442,11 @@ class Session:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.frames.get, avatar_index)
 
-    def _chunk_for(self, index: int) -> np.ndarray:
+    def _chunk_for(self, index: int) -> av.Packet[Any]:
         for stale in [i for i in self._outbound if i < index]:
             del self._outbound[stale]
-        chunk = self._outbound.pop(index, None)
-        return chunk if chunk is not None else np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+        packet = self._outbound.pop(index, None)
+        return packet if packet is not None else stamped(SILENCE, index)
 
     # -- inbound media ----------------------------------------------------------------
 

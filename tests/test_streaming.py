@@ -32,9 +32,7 @@ def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def client(
-    tmp_path: Path, loopback: None
-) -> AsyncIterator[TestClient[object, object]]:
+async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[object, object]]:
     root = tmp_path / "avatars"
     write_demo_avatar(root / "second", count=30)
     settings = Settings.model_validate(
@@ -153,11 +151,21 @@ async def test_say_audio_push_and_interrupt(
         assert pushed.status == 202, await pushed.text()
         await asyncio.sleep(1.2)  # speech is playing now
         speaking = caller.received.video_pts[-10:]
+        heard = [rms for _, rms in caller.received.audio_energy[-25:]]
         stopped = await client.post(f"/sessions/{sid}/interrupt")
         assert stopped.status == 200
         assert (await stopped.json())["dropped_ms"] > 500
         cut_at = len(caller.received.video_pts)
+        cut_audio_at = len(caller.received.audio_energy)
         await asyncio.sleep(1.0)
+
+        # The voice stops with the interrupt (20 ms packets, from 200 ms on), and stays
+        # off: what was encoded but not sent yet is silenced, and no speech left in the
+        # Opus encoder's look-ahead comes out a session delay later.
+        assert max(heard) > 0.02
+        after = [rms for _, rms in caller.received.audio_energy[cut_audio_at + 10 :]]
+        assert len(after) >= 30
+        assert max(after) < 0.002, [round(r, 3) for r in after]
 
         probe = MouthProbe(_package(client, "demo"))
 
@@ -232,9 +240,7 @@ async def test_two_sessions_on_different_avatars_keep_25_fps(
         for caller in callers:
             fps = caller.fps_since(5.0)
             assert fps >= 23, f"{caller.avatar}: {fps:.1f} fps"
-        states = [
-            await (await client.get(f"/sessions/{c.session_id}")).json() for c in callers
-        ]
+        states = [await (await client.get(f"/sessions/{c.session_id}")).json() for c in callers]
         assert {s["avatar"] for s in states} == {"demo", "second"}
         assert all(s["frames_inferred"] > 0 for s in states)
     finally:
