@@ -265,7 +265,7 @@ class VideoSettings(_Section):
         "slow",
         "slower",
         "veryslow",
-    ] = "superfast"
+    ] = "ultrafast"
     bitrate_kbps: int | None = Field(default=None, ge=100)
     keyframe_interval_s: float = Field(default=2.0, gt=0)
     encoder_threads: int = Field(default=1, ge=0, le=64)

@@ -223,7 +223,7 @@ class EncoderConfig:
                 "delay": "0",
                 "rc": "cbr",
             }
-        return common | {
+        options = common | {
             "preset": self.preset,
             "tune": "zerolatency",
             "maxrate": str(rate),
@@ -232,6 +232,12 @@ class EncoderConfig:
             # sliced with zerolatency) would start dozens of threads per call.
             "threads": str(self.threads),
         }
+        if self.preset == "ultrafast":
+            # x264's ultrafast also turns the deblocking filter off, which shows as
+            # blocks when REMB lowers the bitrate; keeping it costs little (720p at
+            # 625 kbit/s: Y-PSNR 50.6 -> 51.0 dB, encode time within this VM's noise).
+            options["x264-params"] = "deblock=0,0"
+        return options
 
 
 def open_codec(config: EncoderConfig, bitrate: int | None = None) -> VideoCodecContext:

@@ -195,6 +195,13 @@ def test_a_lower_remb_target_lowers_the_bitrate_x264_produces() -> None:
     assert after < before * 0.5, (before, after)
 
 
+@pytest.mark.parametrize("preset", ["ultrafast", "superfast"])
+def test_the_deblocking_filter_stays_on(preset: str) -> None:
+    enc = encoder(VideoSettings(preset=preset))  # type: ignore[arg-type]
+    options = x264_options(access_unit(enc.encode(video_frame(0))[0]))
+    assert options["deblock"].startswith("1:"), options["deblock"]  # x264's ultrafast: 0:0:0
+
+
 @pytest.mark.parametrize(("threads", "expected"), [(None, "1"), (3, "3")])
 def test_encoder_threads_reach_x264(threads: int | None, expected: str) -> None:
     settings = VideoSettings() if threads is None else VideoSettings(encoder_threads=threads)
