@@ -83,8 +83,8 @@ _NVENC_PRESETS: dict[str, str] = {
 
 # How far REMB may move the bitrate from the configured one. Below 0.25× the picture
 # falls apart. The configured bitrate is the ceiling: above it we would spend CPU and
-# bandwidth the session was not sized for (a receiver's REMB climbs to 1.5× within
-# 10 s of a call on loopback, and x264 spent ≈1 ms more per 720p frame there).
+# bandwidth the session was not sized for (a receiver's REMB climbed to 1.4× within
+# 10 s of a call on loopback).
 REMB_MIN_FACTOR = 0.25
 REMB_MAX_FACTOR = 1.0
 
