@@ -21,10 +21,10 @@ import numpy as np
 
 from benchmarks.common import Result, print_table
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet
-from inference_core.core import InferenceCore
-from inference_core.demo_avatar import write_demo_avatar
+from inference_core.assets.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet
+from inference_core.assets.demo_avatar import write_demo_avatar
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.serving.core import InferenceCore
 
 
 async def _measure(root: Path, tries: int) -> dict[str, Result]:
@@ -35,7 +35,7 @@ async def _measure(root: Path, tries: int) -> dict[str, Result]:
     settings = Settings.model_validate(
         {"avatars": {"root": str(avatars), "data_dir": str(root / "data"), "demo": False}}
     )
-    core = InferenceCore(settings, AvatarLocator(avatars, root / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(avatars))
     await core.start()
     visual = np.zeros((1, 6, 320, 320), dtype=np.float32)
     audio = np.zeros((1, 32, 16, 16), dtype=np.float32)

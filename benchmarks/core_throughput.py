@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.core_throughput [--rounds 5] [--seconds 3] [--json out.json]
 
 For each model (the benchmark UNet, ≈4.9 GMAC/frame at width 14, and the demo lip-sync
-model of ``inference_core.demo_models``):
+model of ``inference_core.assets.demo_models``):
 
 1. Raw: a plain onnxruntime session (default options: all cores), ``session.run`` back
    to back; a short sweep over batch 1, 2, 4, 8 picks the best batch size.
@@ -33,11 +33,12 @@ import onnxruntime as ort
 
 from benchmarks.common import Result, Target, print_table, print_targets
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
-from inference_core.core import InferenceCore, ModelHandle
-from inference_core.demo_avatar import write_demo_avatar
-from inference_core.devices import detect_devices, session_config
+from inference_core.assets.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
+from inference_core.assets.demo_avatar import write_demo_avatar
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.devices import detect_devices, session_config
+from inference_core.serving.handle import ModelHandle
 
 SESSION_COUNTS = (1, 4, 8)
 TARGET_RATIO = 0.95
@@ -113,7 +114,7 @@ async def measure_model(
     settings = Settings.model_validate(
         {**base, "batching": {"max_batch_size": best, "max_wait_ms": 5, "queue_size": 256}}
     )
-    core = InferenceCore(settings, AvatarLocator(root, root / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(root))
     await core.start()
     by_sessions: dict[int, Result] = {}
     try:

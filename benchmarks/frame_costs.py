@@ -59,18 +59,18 @@ def _measure(size: tuple[int, int], n: int, root: Path) -> dict[str, float]:
     from compositor.sequencer import FrameStep
     from compositor.yuv import i420_to_bgr
     from config.settings import Settings
-    from inference_core.adapter import LipSyncAdapter
-    from inference_core.audio_encoder import AudioEncoder
-    from inference_core.audio_features import AudioFeatureStream
-    from inference_core.avatar import AvatarLocator
-    from inference_core.demo_avatar import write_demo_avatar
-    from streaming.audio_decode import decode_audio
+    from inference_core.adapter.lipsync import LipSyncAdapter
+    from inference_core.assets.demo_avatar import write_demo_avatar
+    from inference_core.avatars.locator import AvatarLocator
+    from inference_core.features.encoder import AudioEncoder
+    from inference_core.features.stream import AudioFeatureStream
+    from streaming.audio_in.decode import decode_audio
     from streaming.frame_pipeline import FramePipeline
-    from streaming.video_encoder import EncoderFactory
+    from streaming.webrtc.video_encoder import EncoderFactory
 
     w, h = size
     write_demo_avatar(root / "avatars" / "bench", size=size, count=25)
-    package = AvatarLocator(root / "avatars", root / "data", demo=False).load("bench")
+    package = AvatarLocator(root / "avatars").load("bench")
     spec = package.manifest.adapter
     frames = AvatarFrames("bench", package.frame_paths, BackgroundCache(512 << 20))
     pipeline = FramePipeline(package, frames)

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from benchmarks.webrtc_load import allow_loopback
 from config.settings import Settings
-from streaming.audio_decode import decode_audio
-from streaming.session import Session
-from streaming.session_manager import SessionManager
+from streaming.audio_in.decode import decode_audio
+from streaming.live.manager import SessionManager
+from streaming.live.session import Session
 from web.app import build_app
 from web.app_keys import SESSIONS
 

@@ -40,9 +40,9 @@ REGISTERED = 1200
 async def _per_avatar(root: Path, count: int) -> Result:
     from compositor.background_cache import AvatarFrames, BackgroundCache
     from config.settings import Settings
-    from inference_core.avatar import AvatarLocator
-    from inference_core.core import InferenceCore
-    from inference_core.demo_avatar import write_demo_avatar
+    from inference_core.assets.demo_avatar import write_demo_avatar
+    from inference_core.avatars.locator import AvatarLocator
+    from inference_core.serving.core import InferenceCore
 
     avatars = root / "avatars"
     write_demo_avatar(avatars / "m00")
@@ -51,7 +51,7 @@ async def _per_avatar(root: Path, count: int) -> Result:
     settings = Settings.model_validate(
         {"avatars": {"root": str(avatars), "data_dir": str(root / "data"), "demo": False}}
     )
-    core = InferenceCore(settings, AvatarLocator(avatars, root / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(avatars))
     await core.start()
     cache = BackgroundCache(count * FRAMES_CACHED * 1280 * 720 * 3 // 2 + (1 << 20))
     held = []
@@ -82,8 +82,8 @@ async def _per_avatar(root: Path, count: int) -> Result:
 
 async def _registered(root: Path, count: int) -> Result:
     from config.settings import Settings
-    from inference_core.avatar import AvatarLocator
-    from inference_core.core import InferenceCore
+    from inference_core.avatars.locator import AvatarLocator
+    from inference_core.serving.core import InferenceCore
 
     avatars = root / "avatars"
     for i in range(count):
@@ -93,7 +93,7 @@ async def _registered(root: Path, count: int) -> Result:
     settings = Settings.model_validate(
         {"avatars": {"root": str(avatars), "data_dir": str(root / "data"), "demo": False}}
     )
-    core = InferenceCore(settings, AvatarLocator(avatars, root / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(avatars))
     before = rss_bytes()
     registered = core.registry.register_all()
     after = rss_bytes()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import Result, Target, print_table, print_targets
 from benchmarks.live_server import live_server, load_run, write_speech
-from inference_core.demo_avatar import write_demo_avatar
+from inference_core.assets.demo_avatar import write_demo_avatar
 
 MIN_FPS = 24.0
 GROWTH_MS = 20.0

@@ -19,16 +19,12 @@ import json
 import time
 from pathlib import Path
 
-import aioice.ice
 import av
 from aiohttp import ClientSession
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-
-def allow_loopback() -> None:
-    """aioice skips 127.0.0.1 host candidates; loopback-only machines need them."""
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
+from streaming.webrtc.compat import loopback_only_ice
 
 
 class Call:
@@ -130,8 +126,8 @@ def main() -> None:
     parser.add_argument("--speech", type=Path, required=True)
     parser.add_argument("--avatar", default="demo")
     args = parser.parse_args()
-    allow_loopback()
-    result = asyncio.run(drive(args.url, args.calls, args.seconds, args.speech, args.avatar))
+    with loopback_only_ice():
+        result = asyncio.run(drive(args.url, args.calls, args.seconds, args.speech, args.avatar))
     print(json.dumps(result))
 
 

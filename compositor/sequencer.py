@@ -1,4 +1,4 @@
-"""Which avatar frame to show next, and how much of the inferred face (DESIGN.md §4).
+"""Which avatar frame to show next, and how much of the inferred face (``docs/architecture.md`` §5).
 
 The avatar video bounces back and forth so the loop has no seam. A speech gate with a
 hangover decides when to infer; the inferred face fades in and out over a few frames

@@ -164,7 +164,7 @@ class ServerSettings(_Section):
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)
-    # Admission (streaming.admission): the share of each device's workers and of the
+    # Admission (streaming.live.admission): the share of each device's workers and of the
     # process's cores that sessions may be given; CPU ms per 1280x720 frame (composing +
     # encoding; null = estimated from video.preset); inference ms per frame assumed for a
     # model on a device that has run nothing yet.

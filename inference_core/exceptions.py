@@ -1,23 +1,19 @@
-"""Errors raised by the inference core.
+"""Errors raised by the model adapter, the audio features and the serving core.
 
 Hierarchy::
 
-    InferenceError                 root: anything the inference core refuses or fails at
-    ├── AvatarError                an avatar package cannot be used
-    │   ├── InvalidAvatarIdError   the id is not [a-z0-9_-]{1,64} or escapes the avatar root
-    │   ├── AvatarNotFoundError    no avatar with that id under the avatar root
-    │   └── AvatarInvalidError     the package exists but is malformed (lists every problem)
+    InferenceError                 root: a model cannot be loaded, fed or run
     ├── ModelLoadError             an ONNX file is missing, corrupt or does not fit its adapter
     │   └── ModelOutOfMemoryError  the device ran out of memory while loading or warming up
-    ├── ModelInputError            a request's tensors do not have the shapes the model needs
-    ├── AudioError                 audio cannot be read or has an unusable format
+    ├── ModelInputError            tensors or samples do not have the shape or type needed
     ├── CapacityError              no device has room for the model (all loaded models in use)
     ├── ModelInUseError            the model is held by live sessions (cannot unload)
     ├── QueueFullError             a device's queue is full: the frame is refused at once
     ├── DeadlineExceededError      a frame's deadline passed before it could run: dropped
     └── ShuttingDownError          the core is stopping and takes no new work
 
-Every message names the thing that failed and what to do about it.
+Avatar packages have their own root (:class:`inference_core.avatars.AvatarError`). Every
+message names the thing that failed and what to do about it.
 """
 
 from __future__ import annotations
@@ -25,26 +21,6 @@ from __future__ import annotations
 
 class InferenceError(Exception):
     """Root of all inference-core errors."""
-
-
-class AvatarError(InferenceError):
-    """An avatar package cannot be used."""
-
-
-class InvalidAvatarIdError(AvatarError):
-    """An avatar id is malformed or would resolve outside the avatar root."""
-
-
-class AvatarNotFoundError(AvatarError):
-    """No avatar with the requested id exists under the avatar root."""
-
-
-class AvatarInvalidError(AvatarError):
-    """An avatar package exists but has problems; ``problems`` lists each one."""
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems: list[str] = list(problems or [])
 
 
 class ModelLoadError(InferenceError):
@@ -56,11 +32,7 @@ class ModelOutOfMemoryError(ModelLoadError):
 
 
 class ModelInputError(InferenceError):
-    """Tensors handed to a model have the wrong shape or type."""
-
-
-class AudioError(InferenceError):
-    """Audio could not be decoded or has an unusable format."""
+    """Tensors or samples handed to a model or a feature extractor have the wrong shape or type."""
 
 
 class CapacityError(InferenceError):

@@ -1,12 +1,17 @@
-"""Media paths that drive the pipeline: live WebRTC sessions and the offline render.
+"""Media paths that drive the pipeline: live WebRTC calls and the offline render.
 
-Both run the same per-frame steps (:class:`FramePipeline`): sequence → prepare → model →
-compose into yuv420p, then encode. A live :class:`Session` adds the audio mixer, the
-session clock that paces video and audio together, and the H.264 encoder;
-:class:`SessionManager` creates sessions from SDP offers and owns what they share.
+    audio_in/   audio apps bring: files, pushed bodies, text-to-speech → 16 kHz PCM
+    live/       one call (Session) and all of them (SessionManager, admission)
+    webrtc/     aiortc: offers, paced outbound tracks, H.264 encoder, aiortc internals
+    offline/    an audio file in, an mp4 out
+    frame_pipeline.py   the per-frame steps both share: prepare → model → compose
+
+Imports :mod:`inference_core`, :mod:`compositor` and :mod:`config`; never :mod:`web`
+(``docs/architecture.md`` §1).
 """
 
-from streaming.audio_decode import DecodedAudio, decode_audio
+from __future__ import annotations
+
 from streaming.exceptions import (
     OfferError,
     SessionLimitError,
@@ -14,13 +19,11 @@ from streaming.exceptions import (
     StreamingError,
 )
 from streaming.frame_pipeline import FramePipeline, PreparedFrame
-from streaming.offline_render import RenderOptions, RenderResult, render_file
-from streaming.session import Session
-from streaming.session_manager import SessionManager
-from streaming.tts import TtsEngine, build_tts_engine
+from streaming.live.manager import SessionManager
+from streaming.live.session import Session
+from streaming.offline.render import RenderOptions, RenderResult, render_file
 
 __all__ = [
-    "DecodedAudio",
     "FramePipeline",
     "OfferError",
     "PreparedFrame",
@@ -31,8 +34,5 @@ __all__ = [
     "SessionManager",
     "SessionNotFoundError",
     "StreamingError",
-    "TtsEngine",
-    "build_tts_engine",
-    "decode_audio",
     "render_file",
 ]

@@ -19,8 +19,8 @@ from compositor.background_cache import AvatarFrames
 from compositor.paste import Paster, compose_crop
 from compositor.sequencer import FrameStep
 from compositor.yuv import Frame, Rect
-from inference_core.adapter import FaceInputBuilder
-from inference_core.avatar import AvatarPackage
+from inference_core.adapter.lipsync import FaceInputBuilder
+from inference_core.avatars.package import AvatarPackage
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from streaming.webrtc.compat import loopback_only_ice
 from tests.media import speech_with_pauses
 
 
@@ -17,3 +19,10 @@ def speech_16k(
     """About 4 s of espeak-ng speech at 16 kHz with 1 s pauses, and the spoken spans."""
     tmp: Path = tmp_path_factory.mktemp("speech")
     return speech_with_pauses(tmp)
+
+
+@pytest.fixture
+def loopback() -> Iterator[None]:
+    """ICE on 127.0.0.1 only: aioice skips loopback candidates, and this sandbox has no other."""
+    with loopback_only_ice():
+        yield

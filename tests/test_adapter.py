@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference_core.adapter import FaceInputBuilder, LipSyncAdapter
+from inference_core.adapter.lipsync import FaceInputBuilder, LipSyncAdapter
+from inference_core.adapter.spec import AdapterSpec
 from inference_core.exceptions import ModelInputError, ModelLoadError
-from inference_core.manifest import AdapterSpec
 from tests.onnx_builders import tiny_lipsync
 
 SPEC = AdapterSpec()

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import aioice.ice
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -27,10 +26,10 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from pydantic import SecretStr
 
 from config.settings import Settings
-from inference_core.adapter import open_session
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore
-from inference_core.devices import Device
+from inference_core.adapter.onnx_io import open_session
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.devices import Device
 from tests.packages import make_package
 from tests.webrtc_client import Caller
 from web.admin_auth import FORBIDDEN_MESSAGE, UNAUTHORIZED_MESSAGE, admin_denial, is_loopback
@@ -224,7 +223,7 @@ async def test_load_past_the_timeout_is_504_and_keeps_loading(tmp_path: Path) ->
     avatars = settings.avatars
     core = InferenceCore(
         settings,
-        AvatarLocator(avatars.root, avatars.data_dir, demo=False),
+        AvatarLocator(avatars.root),
         session_factory=slow_factory,
     )
     async with TestClient(TestServer(build_app(settings, core=core))) as client:
@@ -438,11 +437,7 @@ async def test_admin_page_is_served_with_its_assets(client: Client) -> None:
 # -- sessions -----------------------------------------------------------------------------------
 
 
-async def test_sessions_are_listed_and_hung_up(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # aioice skips 127.0.0.1 host candidates; this sandbox has only loopback.
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+async def test_sessions_are_listed_and_hung_up(tmp_path: Path, loopback: None) -> None:
     settings = Settings.model_validate(
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},

@@ -10,16 +10,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aioice.ice
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore, ModelHandle
-from streaming.admission import (
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.handle import ModelHandle
+from streaming.exceptions import SessionLimitError
+from streaming.live.admission import (
     ENCODE_CPU_MS,
     STAGES_CPU_MS,
     AdmissionControl,
@@ -30,7 +31,6 @@ from streaming.admission import (
     refusal,
     usable_cpus,
 )
-from streaming.exceptions import SessionLimitError
 from tests.media import speech_with_pauses, write_wav
 from tests.packages import make_package
 from tests.webrtc_client import Caller
@@ -125,7 +125,7 @@ async def core(tmp_path: Path) -> AsyncIterator[InferenceCore]:
     make_package(tmp_path / "alice")
     make_package(tmp_path / "bob")
     settings = _settings(tmp_path, inference_ms_per_frame_estimate=7.0, admission_headroom=0.5)
-    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(tmp_path))
     await core.start()
     yield core
     await core.stop()
@@ -178,7 +178,7 @@ async def test_unmeasured_models_cost_the_estimate_then_the_device_mean(
 async def test_places_being_set_up_count_until_released(tmp_path: Path) -> None:
     make_package(tmp_path / "alice")
     settings = _settings(tmp_path, max_sessions=2)
-    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(tmp_path))
     await core.start()
     try:
         control = AdmissionControl(settings, core, cpus=2)
@@ -213,7 +213,7 @@ async def test_confirm_checks_again_with_the_real_fps_and_frame_size(tmp_path: P
         cpu_ms_per_session_frame=20.0,
         inference_ms_per_frame_estimate=0.001,
     )
-    core = InferenceCore(settings, AvatarLocator(tmp_path, tmp_path / "data", demo=False))
+    core = InferenceCore(settings, AvatarLocator(tmp_path))
     await core.start()
     try:
         control = AdmissionControl(settings, core, cpus=1)
@@ -236,12 +236,6 @@ async def test_confirm_checks_again_with_the_real_fps_and_frame_size(tmp_path: P
 
 
 # --- end to end: a full server refuses a third call; the two it runs keep 25 fps ----------
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 async def _offer_sdp() -> tuple[RTCPeerConnection, str]:

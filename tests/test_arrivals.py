@@ -1,8 +1,8 @@
-"""Which sessions a waiting batch can still expect (inference_core.arrivals)."""
+"""Which sessions a waiting batch can still expect (inference_core.serving.arrivals)."""
 
 from __future__ import annotations
 
-from inference_core.arrivals import JITTER_S, STALE_S, Arrivals
+from inference_core.serving.arrivals import JITTER_S, STALE_S, Arrivals
 
 
 def test_a_session_is_expected_one_interval_after_its_last_frame() -> None:

@@ -10,16 +10,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inference_core.audio_encoder import AudioEncoder
-from inference_core.audio_features import (
+from inference_core.exceptions import ModelInputError, ModelLoadError
+from inference_core.features.encoder import AudioEncoder
+from inference_core.features.mel import melspectrogram
+from inference_core.features.stream import (
     SILENCE_DB,
     AudioFeatureStream,
     FrameAudio,
     lookahead_ms,
     offline_features,
 )
-from inference_core.exceptions import AudioError, ModelInputError, ModelLoadError
-from inference_core.mel import melspectrogram
 
 Speech = tuple[np.ndarray, list[tuple[float, float]]]
 SR = 16000
@@ -110,7 +110,7 @@ def assert_same_frames(got: list[FrameAudio], want: list[FrameAudio]) -> None:
 
 
 def direct_ave(samples: np.ndarray, encode: AudioEncoder, right_context: int = 7) -> np.ndarray:
-    """DESIGN.md §3 written out the obvious way, whole signal at once: ``[F,16,512]``."""
+    """docs/architecture.md §3 written out the obvious way, whole signal at once: ``[F,16,512]``."""
     mel = melspectrogram(samples)
     n_windows = int((len(mel) - 16) / 3.2) + 2
     windows = []
@@ -289,9 +289,9 @@ def test_int16_input_equals_float(speech_16k: Speech, encoder: AudioEncoder) -> 
 
 def test_rejects_unusable_pcm(encoder: AudioEncoder) -> None:
     stream = AudioFeatureStream(encoder)
-    with pytest.raises(AudioError, match="mono"):
+    with pytest.raises(ModelInputError, match="mono"):
         stream.push(np.zeros((320, 2), dtype=np.float32))
-    with pytest.raises(AudioError, match="int16"):
+    with pytest.raises(ModelInputError, match="int16"):
         stream.push(np.zeros(320, dtype=np.int32))
 
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from config.settings import SessionSettings
-from inference_core.exceptions import AudioError
-from streaming.audio_push import (
+from streaming.audio_in.exceptions import AudioInputError, AudioTooLargeError
+from streaming.audio_in.push import (
     AudioLimits,
-    AudioTooLargeError,
     decode_pushed_audio,
     parse_content_type,
     sniff_audio_type,
@@ -180,13 +179,15 @@ def test_raw_f32le_out_of_range_values_are_clipped() -> None:
 
 @pytest.mark.parametrize("content_type", ["audio/wav", "audio/mpeg", "audio/ogg", "audio/flac"])
 def test_garbage_body_is_an_audio_error(content_type: str) -> None:
-    with pytest.raises(AudioError, match=r"cannot decode|no audio") as info:
+    with pytest.raises(AudioInputError, match=r"cannot decode|no audio") as info:
         decode_pushed_audio(b"this is not audio at all " * 40, content_type, {})
     assert not isinstance(info.value, AudioTooLargeError)
 
 
 def test_unsupported_content_type_lists_the_supported_ones() -> None:
-    with pytest.raises(AudioError, match="unsupported audio content type 'text/plain'") as info:
+    with pytest.raises(
+        AudioInputError, match="unsupported audio content type 'text/plain'"
+    ) as info:
         decode_pushed_audio(b"hello", "text/plain; charset=utf-8", {})
     for supported in ("audio/wav", "audio/mpeg", "audio/L16", "application/octet-stream"):
         assert supported in str(info.value)
@@ -201,12 +202,12 @@ def test_unsupported_content_type_lists_the_supported_ones() -> None:
     ],
 )
 def test_raw_pcm_names_the_missing_parameter(params: dict[str, str], missing: str) -> None:
-    with pytest.raises(AudioError, match=f"needs the '{missing}' parameter"):
+    with pytest.raises(AudioInputError, match=f"needs the '{missing}' parameter"):
         decode_pushed_audio(b"\0\0" * 100, "application/octet-stream", params)
 
 
 def test_l16_without_rate_names_it() -> None:
-    with pytest.raises(AudioError, match="needs the 'rate' parameter"):
+    with pytest.raises(AudioInputError, match="needs the 'rate' parameter"):
         decode_pushed_audio(b"\0\0" * 100, "audio/L16", {})
 
 
@@ -220,18 +221,18 @@ def test_l16_without_rate_names_it() -> None:
     ],
 )
 def test_bad_raw_parameters_are_refused(params: dict[str, str], fragment: str) -> None:
-    with pytest.raises(AudioError, match=fragment):
+    with pytest.raises(AudioInputError, match=fragment):
         decode_pushed_audio(b"\0\0" * 100, "audio/pcm", params)
 
 
 def test_odd_byte_count_for_s16() -> None:
     params = {"format": "s16le", "rate": "16000", "channels": "1"}
-    with pytest.raises(AudioError, match="multiple of 2 bytes; the body has 201"):
+    with pytest.raises(AudioInputError, match="multiple of 2 bytes; the body has 201"):
         decode_pushed_audio(b"\0" * 201, "audio/pcm", params)
 
 
 def test_empty_body() -> None:
-    with pytest.raises(AudioError, match="empty"):
+    with pytest.raises(AudioInputError, match="empty"):
         decode_pushed_audio(b"", "audio/wav", {})
 
 

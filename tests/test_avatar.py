@@ -11,13 +11,14 @@ import numpy as np
 import onnx
 import pytest
 
-from inference_core.avatar import AvatarLocator, AvatarPackage, check_avatar_id
-from inference_core.exceptions import (
+from inference_core.avatars.exceptions import (
     AvatarInvalidError,
     AvatarNotFoundError,
     InvalidAvatarIdError,
 )
-from inference_core.validation import validate_package
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.avatars.package import AvatarPackage, check_avatar_id
+from inference_core.avatars.validation import validate_package
 from tests.onnx_builders import tiny_lipsync
 from tests.packages import COUNT, make_package
 
@@ -106,7 +107,7 @@ def test_malformed_ids_are_refused(bad: str, tmp_path: Path) -> None:
     with pytest.raises(InvalidAvatarIdError, match="invalid avatar id"):
         check_avatar_id(bad)
     with pytest.raises(InvalidAvatarIdError):
-        AvatarLocator(tmp_path, tmp_path / "data", demo=False).locate(bad)
+        AvatarLocator(tmp_path).locate(bad)
 
 
 def test_locator_resolves_inside_root_only(tmp_path: Path) -> None:
@@ -114,7 +115,7 @@ def test_locator_resolves_inside_root_only(tmp_path: Path) -> None:
     make_package(root / "alice")
     outside = make_package(tmp_path / "elsewhere")
     os.symlink(outside, root / "escape")
-    locator = AvatarLocator(root, tmp_path / "data", demo=False)
+    locator = AvatarLocator(root)
     assert locator.locate("alice") == root / "alice"
     assert locator.list_ids() == ["alice"]
     with pytest.raises(InvalidAvatarIdError, match="outside the avatar root"):

@@ -10,16 +10,14 @@ import pytest
 
 from tests.media import write_wav
 from tests.packages import make_package
-from web.cli import main
+from web.cli.main import main
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     """A config pointing the avatar root and data dir into tmp_path."""
     path = tmp_path / "lipstream.yaml"
-    path.write_text(
-        f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n"
-    )
+    path.write_text(f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n")
     return path
 
 

@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore
-from inference_core.exceptions import (
-    DeadlineExceededError,
-    ModelLoadError,
-    ShuttingDownError,
-)
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.exceptions import DeadlineExceededError, ModelLoadError, ShuttingDownError
+from inference_core.serving.core import InferenceCore
 from tests.packages import make_package
 
 
@@ -29,7 +25,7 @@ def _core(root: Path, **batching: float) -> InferenceCore:
             "batching": {"max_batch_size": 4, "max_wait_ms": 20, **batching},
         }
     )
-    return InferenceCore(settings, AvatarLocator(root, root / "data", demo=False))
+    return InferenceCore(settings, AvatarLocator(root))
 
 
 def _frame(seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ up with ``DELETE /sessions/{id}`` and closes its peer connection. A cycle that w
 frame takes ~650 ms here (ICE, DTLS, the session delay), so only the first
 ``WAIT_CYCLES`` and every ``WAIT_EVERY``-th one after wait; the others (~25 ms) hang up
 as soon as the answer is applied, which is a case of its own: hanging up while ICE is
-still connecting (it found a leaked aioice task per call, see ``streaming.peer_close``).
+still connecting (it found a leaked aioice task per call, see ``streaming.webrtc.compat``).
 
 Threads, open file descriptors, RSS and asyncio tasks are measured after a warm-up and
 again at the end; each must be within 5% of the warm-up value (RSS: 10% plus 20 MB of
@@ -35,7 +35,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-import aioice.ice
 import numpy as np
 import pytest
 from aiohttp import web
@@ -45,7 +44,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from compositor.background_cache import AvatarFrames
 from config.settings import Settings
-from streaming.peer_close import close_peer_connection
+from streaming.webrtc.compat import close_peer_connection
 from web.app import build_app
 from web.app_keys import CORE, SESSIONS
 
@@ -65,12 +64,6 @@ RSS_SETTLED = 80
 RSS_EVERY = 20
 RSS_MAX_GROWTH_PER_CALL = 256 * 1024
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture
@@ -155,7 +148,7 @@ async def _cycle(client: Client, *, wait_for_frame: bool) -> bool:
         async with client.session.delete(url) as hung_up:
             assert hung_up.status == 200, await hung_up.text()
     finally:
-        # The caller side has the same aioice race as the server (see streaming.peer_close).
+        # The caller side has the same aioice race as the server (see streaming.webrtc.compat).
         await close_peer_connection(pc)
         for task in consumers:
             task.cancel()

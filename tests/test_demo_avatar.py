@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from inference_core.demo_avatar import (
+from inference_core.assets.demo_avatar import (
     COMPLETE_MARKER,
     DEMO_PACKAGE_VERSION,
     FaceFrame,
@@ -22,8 +22,8 @@ from inference_core.demo_avatar import (
     ensure_demo_avatar,
     write_demo_avatar,
 )
-from inference_core.demo_models import DEFAULT_MOUTH_CENTER, loudness_basis
-from inference_core.validation import validate_package
+from inference_core.assets.demo_models import DEFAULT_MOUTH_CENTER, loudness_basis
+from inference_core.avatars.validation import validate_package
 
 COUNT = 30  # long enough for the first blink (it starts at frame 12-23)
 PACKAGE_FILES = ("avatar.json", "rects.json", "lipsync.onnx", "audio_encoder.onnx")
@@ -172,7 +172,7 @@ def test_ensure_generates_once_and_reuses(tmp_path: Path, caplog: pytest.LogCapt
     target.mkdir()
     (target / "avatar.json").write_text("{", encoding="utf-8")
 
-    with caplog.at_level(logging.INFO, logger="inference_core.demo_avatar"):
+    with caplog.at_level(logging.INFO, logger="inference_core.assets.demo_avatar"):
         path = ensure_demo_avatar(tmp_path)
     assert path == target
     assert validate_package(path) == []
@@ -183,7 +183,7 @@ def test_ensure_generates_once_and_reuses(tmp_path: Path, caplog: pytest.LogCapt
     marker_mtime = (path / COMPLETE_MARKER).stat().st_mtime_ns
     manifest_mtime = (path / "avatar.json").stat().st_mtime_ns
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="inference_core.demo_avatar"):
+    with caplog.at_level(logging.INFO, logger="inference_core.assets.demo_avatar"):
         assert ensure_demo_avatar(tmp_path) == path
     assert not any("generating" in r.getMessage() for r in caplog.records)
     assert (path / COMPLETE_MARKER).stat().st_mtime_ns == marker_mtime

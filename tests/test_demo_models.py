@@ -11,14 +11,14 @@ import onnxruntime as ort
 import pytest
 from onnx import shape_inference
 
-from inference_core.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
-from inference_core.demo_models import (
+from inference_core.assets.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
+from inference_core.assets.demo_models import (
     DEFAULT_MOUTH_CENTER,
     build_audio_encoder,
     build_lipsync_model,
     loudness_basis,
 )
-from inference_core.mel import melspectrogram
+from inference_core.features.mel import melspectrogram
 
 FPS = 25
 SAMPLE_RATE = 16_000
@@ -52,7 +52,7 @@ def _reference(batch: int, seed: int = 3) -> np.ndarray:
 
 
 def _mel_windows(mel: np.ndarray) -> np.ndarray:
-    """Per video frame the 80×16 mel window of DESIGN.md §3, as ``[N, 1, 80, 16]``."""
+    """Per video frame the 80×16 mel window of docs/architecture.md §3, as ``[N, 1, 80, 16]``."""
     frames = int(len(mel) / 80 * FPS)
     starts = [min(int(3.2 * k), len(mel) - 16) for k in range(frames)]
     return np.stack([mel[s : s + 16].T for s in starts])[:, None].astype(np.float32)

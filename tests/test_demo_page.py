@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aioice.ice
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
@@ -35,7 +34,7 @@ else:
 pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
-# DESIGN §5: fake devices, no permission prompt, autoplay with sound, loopback ICE.
+# docs/architecture.md §6: fake devices, no permission prompt, autoplay with sound, loopback ICE.
 CHROMIUM_ARGS = (
     "--headless",
     "--disable-gpu",
@@ -57,11 +56,6 @@ FPS_WINDOW_MS = 4_000  # fps is averaged over this much of the stream
 # makes the server skip late frames, so the test waits this long for one window at full rate.
 MAX_SAMPLING_S = 12
 TIMEOUT_MS = 20_000  # generous: a 2-core machine encodes and decodes 720p while it tests
-
-
-def _loopback_only(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-    """aioice leaves 127.0.0.1 out of its host candidates; a sandbox has nothing else."""
-    return ["127.0.0.1"] if use_ipv4 else []
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +80,12 @@ async def server(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     data_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    loopback: None,
 ) -> AsyncIterator[TestServer]:
     """The real application on 127.0.0.1, serving the built-in demo avatar.
 
     Indirect parametrisation adds settings sections, e.g. ``{"tts": {"engine": "none"}}``.
     """
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", _loopback_only)
     extra: dict[str, Any] = getattr(request, "param", {})
     settings = Settings.model_validate(
         {

@@ -11,8 +11,9 @@ import onnxruntime as ort
 import pytest
 
 from config.settings import DevicesSettings
-from inference_core.demo_models import build_lipsync_model
-from inference_core.devices import (
+from inference_core.assets.demo_models import build_lipsync_model
+from inference_core.exceptions import InferenceError
+from inference_core.serving.devices import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
     Device,
@@ -20,8 +21,7 @@ from inference_core.devices import (
     detect_devices,
     session_config,
 )
-from inference_core.exceptions import InferenceError
-from inference_core.placement import DeviceLoad, choose_device, least_loaded_order
+from inference_core.serving.placement import DeviceLoad, choose_device, least_loaded_order
 
 CPU_ONLY = [CPU_PROVIDER]
 WITH_CUDA = ["TensorrtExecutionProvider", CUDA_PROVIDER, CPU_PROVIDER]

@@ -18,8 +18,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import aioice.ice
-import pytest
 from aiohttp import ClientError, ClientSession
 from aiortc import RTCPeerConnection
 
@@ -31,12 +29,6 @@ LIPSTREAM = Path(sys.executable).parent / "lipstream"
 DRAIN_TIMEOUT_S = 3.0
 STARTUP_TIMEOUT_S = 60.0
 EXIT_GRACE_S = 5.0  # closing sessions and stopping the core after the drain
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @dataclass

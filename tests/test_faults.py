@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aioice.ice
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -33,15 +32,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
-from config.settings import Settings
-from inference_core.adapter import open_session
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore
-from inference_core.demo_avatar import write_demo_avatar
-from inference_core.devices import Device, session_config
+from config.settings import AvatarsSettings, Settings
+from inference_core.adapter.onnx_io import open_session
+from inference_core.assets.builtin import avatar_locator
+from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.exceptions import ModelOutOfMemoryError
-from inference_core.frame_request import FrameRequest
-from inference_core.loaded_model import LoadedModel
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.devices import Device, session_config
+from inference_core.serving.frame_request import FrameRequest
+from inference_core.serving.loaded_model import LoadedModel
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -49,12 +48,6 @@ from web.app_keys import CORE, SESSIONS
 
 Client = TestClient[web.Request, web.Application]
 FPS_WINDOW_S = 5.0
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture
@@ -206,7 +199,7 @@ async def test_a_model_that_fails_to_load_is_refused_and_others_keep_streaming(
 ) -> None:
     caller = await _connect(client, "demo")
     try:
-        with caplog.at_level(logging.ERROR, logger="inference_core.registry"):
+        with caplog.at_level(logging.ERROR, logger="inference_core.serving.registry"):
             status, body, _ = await _offer_status(client, "broken")
         assert status == 500
         assert body["error"]["code"] == "model_load_failed"
@@ -280,7 +273,7 @@ async def test_a_worker_dying_mid_call_is_replaced_and_the_call_goes_on(
     )
     caller = await _connect(client, "demo")
     try:
-        with caplog.at_level(logging.ERROR, logger="inference_core.scheduler"):
+        with caplog.at_level(logging.ERROR, logger="inference_core.serving.scheduler"):
             await _speak(client, caller.session_id, speech_wav, times=2)
 
             async def recovered() -> bool:
@@ -334,7 +327,9 @@ async def test_out_of_memory_on_load_evicts_an_idle_model_then_answers_503(
     shutil.copytree(avatar_root / "second", avatar_root / "third")
     settings = _settings(avatar_root)
     factory = OutOfMemoryOnce(settings)
-    locator = AvatarLocator(avatar_root, avatar_root.parent / "data")
+    locator = avatar_locator(
+        AvatarsSettings(root=avatar_root, data_dir=avatar_root.parent / "data")
+    )
     core = InferenceCore(settings, locator, session_factory=factory)
     async with TestClient(TestServer(build_app(settings, core=core), host="127.0.0.1")) as client:
         registry = core.registry

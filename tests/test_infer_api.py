@@ -11,8 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
-from inference_core.adapter import LipSyncAdapter
-from inference_core.manifest import AdapterSpec
+from inference_core.adapter.lipsync import LipSyncAdapter
+from inference_core.adapter.spec import AdapterSpec
 from tests.packages import make_package
 from web.app import build_app
 

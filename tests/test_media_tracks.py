@@ -8,8 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from streaming.audio_mixer import CHUNK_SAMPLES, OUT_RATE
-from streaming.media_tracks import OpusChunkEncoder
+from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE, OpusChunkEncoder
 
 
 def sine(index: int, hz: float = 440.0) -> np.ndarray:

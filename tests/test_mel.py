@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.signal  # type: ignore[import-untyped]
 
-from inference_core.mel import MelConfig, StreamingMel, mel_filterbank, melspectrogram
+from inference_core.features.mel import MelConfig, StreamingMel, mel_filterbank, melspectrogram
 
 
 def librosa_reference(samples: np.ndarray) -> np.ndarray:

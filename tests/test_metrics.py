@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
-import aioice.ice
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,11 +16,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore
+from inference_core.avatars.locator import AvatarLocator
 from inference_core.exceptions import ModelLoadError
-from inference_core.frame_request import FrameRequest
-from inference_core.scheduler import DeviceScheduler
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.frame_request import FrameRequest
+from inference_core.serving.scheduler import DeviceScheduler
 from tests.packages import make_package
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
 from tests.webrtc_client import Caller
@@ -209,12 +208,6 @@ async def test_a_corrupt_model_counts_a_load_failure(client: TestClient[object, 
     assert_labels_bounded(families, forbidden=["alice", "broken"])
 
 
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
-
-
 async def test_a_live_session_feeds_frame_delays_and_session_counters(
     tmp_path: Path, loopback: None
 ) -> None:
@@ -261,7 +254,7 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
 
 
 class RecordingEvents:
-    """A :class:`~inference_core.events.CoreEvents` that keeps everything it hears."""
+    """A :class:`~inference_core.serving.events.CoreEvents` that keeps everything it hears."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -346,9 +339,7 @@ async def test_core_reports_loads_failures_and_batches_to_its_events(tmp_path: P
     make_package(tmp_path / "alice")
     (make_package(tmp_path / "broken") / "lipsync.onnx").write_bytes(b"corrupt")
     events = RecordingEvents()
-    core = InferenceCore(
-        _settings(tmp_path), AvatarLocator(tmp_path, tmp_path / "data", demo=False), events=events
-    )
+    core = InferenceCore(_settings(tmp_path), AvatarLocator(tmp_path), events=events)
     await core.start()
     try:
         with pytest.raises(ModelLoadError):

@@ -9,7 +9,6 @@ import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aioice.ice
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from config.settings import Settings
 from streaming.exceptions import OfferError
-from streaming.offer_check import OfferLimits, check_offer
+from streaming.webrtc.offer_check import OfferLimits, check_offer
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import SESSIONS
@@ -35,10 +34,7 @@ async def _real_offer() -> str:
 
 
 @pytest.fixture
-async def client(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[TestClient[object, object]]:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[object, object]]:
     settings = Settings.model_validate(
         {
             "avatars": {"root": str(tmp_path), "data_dir": str(tmp_path / "data")},
@@ -180,7 +176,8 @@ async def test_oversized_and_flooded_offers_are_refused_fast(
         assert response.status == code, await response.text()
         assert (await response.json())["error"]["message"]
         # Not a timing assertion on the machine: the check is a single pass over text,
-        # and anything reaching aiortc would take seconds (DESIGN.md §7); keep a wide bound.
+        # and anything reaching aiortc would take seconds (docs/architecture.md §6); keep a
+        # wide bound.
         assert elapsed < 5.0
 
 

@@ -9,8 +9,10 @@ import av
 import numpy as np
 import pytest
 
-from inference_core.avatar import AvatarLocator, AvatarPackage
-from streaming.offline_render import RenderOptions, render_file
+from config.settings import AvatarsSettings
+from inference_core.assets.builtin import avatar_locator
+from inference_core.avatars.package import AvatarPackage
+from streaming.offline.render import RenderOptions, render_file
 from tests.media import write_wav
 
 FPS = 25
@@ -19,7 +21,7 @@ FPS = 25
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> AvatarPackage:
     data = tmp_path_factory.mktemp("data")
-    return AvatarLocator(data / "no-root", data, demo=True).load("demo")
+    return avatar_locator(AvatarsSettings(root=data / "no-root", data_dir=data)).load("demo")
 
 
 def _decode(path: Path) -> tuple[list[np.ndarray], float, float]:

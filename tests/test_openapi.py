@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aioice.ice
 import jsonschema
 import numpy as np
 import pytest
@@ -236,12 +235,6 @@ class Conformance:
             assert code in _documented_codes(documented), f"undocumented error code: {what}"
         self.seen.add((method, template))
         return Checked(response.status, response.headers, body)
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture

@@ -17,25 +17,26 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from config.settings import Settings
-from inference_core.adapter import LipSyncAdapter, open_session
-from inference_core.avatar import AvatarLocator
-from inference_core.devices import Device
+from config.settings import AvatarsSettings, Settings
+from inference_core.adapter.lipsync import LipSyncAdapter
+from inference_core.adapter.onnx_io import open_session
+from inference_core.adapter.spec import AdapterSpec
+from inference_core.assets.builtin import avatar_locator
+from inference_core.avatars.exceptions import AvatarNotFoundError, InvalidAvatarIdError
+from inference_core.avatars.locator import AvatarLocator
 from inference_core.exceptions import (
-    AvatarNotFoundError,
     CapacityError,
     InferenceError,
-    InvalidAvatarIdError,
     ModelInUseError,
     ModelLoadError,
     ModelOutOfMemoryError,
     ShuttingDownError,
 )
-from inference_core.frame_request import FrameRequest
-from inference_core.loaded_model import run_bound
-from inference_core.manifest import AdapterSpec
-from inference_core.placement import VictimInfo, choose_victims
-from inference_core.registry import ModelRegistry
+from inference_core.serving.devices import Device
+from inference_core.serving.frame_request import FrameRequest
+from inference_core.serving.loaded_model import run_bound
+from inference_core.serving.placement import VictimInfo, choose_victims
+from inference_core.serving.registry import ModelRegistry
 from tests.packages import make_package
 
 MIB = 1024 * 1024
@@ -158,7 +159,7 @@ async def make_registry(
                 "batching": {"max_batch_size": 2},
             }
         )
-        locator = AvatarLocator(avatar_root, tmp_path / "data", demo=False)
+        locator = AvatarLocator(avatar_root)
         devices = [Device(i) for i in range(n_devices)]
         registry = ModelRegistry(settings, locator, devices, **seams)
         registry.register_all()
@@ -513,7 +514,9 @@ async def test_twelve_hundred_avatars_register_cheaply(tmp_path: Path) -> None:
         }
     )
     registry = ModelRegistry(
-        settings, AvatarLocator(root, tmp_path / "data", demo=True), [Device(0)]
+        settings,
+        avatar_locator(AvatarsSettings(root=root, data_dir=tmp_path / "data")),
+        [Device(0)],
     )
     tracemalloc.start()
     try:

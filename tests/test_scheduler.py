@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference_core.adapter import LipSyncAdapter
+from inference_core.adapter.lipsync import LipSyncAdapter
+from inference_core.adapter.spec import AdapterSpec
 from inference_core.exceptions import (
     DeadlineExceededError,
     InferenceError,
@@ -26,10 +27,9 @@ from inference_core.exceptions import (
     QueueFullError,
     ShuttingDownError,
 )
-from inference_core.frame_request import FrameRequest
-from inference_core.manifest import AdapterSpec
-from inference_core.scheduler import DeviceScheduler
-from inference_core.scheduler_stats import SchedulerStats
+from inference_core.serving.frame_request import FrameRequest
+from inference_core.serving.scheduler import DeviceScheduler
+from inference_core.serving.scheduler_stats import SchedulerStats
 from tests.onnx_builders import tiny_lipsync
 
 DEVICE = "cpu:0"
@@ -415,7 +415,7 @@ async def test_runner_errors_fail_their_batch_and_the_worker_keeps_serving(
         "m", errors=[RuntimeError("boom"), ModelInputError("visual has the wrong shape"), []]
     )
     outcomes: list[np.ndarray | BaseException] = []
-    with caplog.at_level(logging.ERROR, logger="inference_core.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="inference_core.serving.scheduler"):
         for _ in range(4):  # one at a time: each call meets the next planned error
             request = frame("m", time.monotonic() + FAR)
             scheduler.submit(request, runner)
@@ -567,7 +567,7 @@ async def test_a_worker_killed_by_its_runner_is_replaced(
 ) -> None:
     scheduler = harness.scheduler(workers=2)
     runner = RecordingRunner("m", errors=[SystemExit(3)])
-    with caplog.at_level(logging.ERROR, logger="inference_core.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="inference_core.serving.scheduler"):
         killed = frame("m", time.monotonic() + FAR)
         scheduler.submit(killed, runner)
         (outcome,) = await settle([killed])

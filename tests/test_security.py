@@ -6,7 +6,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aioice.ice
 import jwt
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -15,7 +14,7 @@ from config.settings import Settings
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import SETTINGS
-from web.cli import main
+from web.cli.main import main
 from web.rate_limit import RateLimiter
 from web.session_tokens import mint_token
 
@@ -30,10 +29,7 @@ def _settings(tmp_path: Path, **extra: object) -> Settings:
 
 
 @pytest.fixture
-async def secured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[TestClient[object, object]]:
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+async def secured(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[object, object]]:
     settings = _settings(tmp_path, auth={"jwt_secret": SECRET})
     async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:
         yield client

@@ -7,7 +7,6 @@ import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aioice.ice
 import cv2
 import numpy as np
 import pytest
@@ -15,20 +14,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from compositor.yuv import bgr_to_i420
 from config.settings import Settings
-from inference_core.avatar import AvatarPackage
-from inference_core.demo_avatar import write_demo_avatar
+from inference_core.assets.demo_avatar import write_demo_avatar
+from inference_core.avatars.package import AvatarPackage
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import CORE, SESSIONS
 
 FPS = 25
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @pytest.fixture

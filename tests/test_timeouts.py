@@ -9,14 +9,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import aioice.ice
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
-from streaming.session import PEER_CHECK_S, PEER_SILENCE_S
-from streaming.session_manager import SessionManager
+from streaming.live.manager import SessionManager
+from streaming.live.session import PEER_CHECK_S, PEER_SILENCE_S
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -32,12 +31,6 @@ IDLE_TIMEOUT_S = 1.5
 VANISHED_FREED_WITHIN_S = 35.0
 
 
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aioice skips 127.0.0.1 host candidates; this sandbox has only loopback."""
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
-
-
 def _settings(tmp_path: Path, idle_timeout_s: float) -> Settings:
     return Settings.model_validate(
         {
@@ -49,9 +42,7 @@ def _settings(tmp_path: Path, idle_timeout_s: float) -> Settings:
 
 
 @pytest.fixture
-async def client(
-    tmp_path: Path, loopback: None
-) -> AsyncIterator[TestClient[object, object]]:
+async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[object, object]]:
     app = build_app(_settings(tmp_path, IDLE_TIMEOUT_S))
     async with TestClient(TestServer(app, host="127.0.0.1")) as test_client:
         yield test_client

@@ -15,15 +15,18 @@ import pytest
 from aiohttp import test_utils, web
 
 from config.settings import TtsSettings
-from inference_core.exceptions import AudioError
-from streaming.tts import (
+from inference_core.exceptions import InferenceError
+from streaming.audio_in.exceptions import (
+    AudioInputError,
+    TtsError,
+    TtsInputError,
+    TtsUnavailableError,
+)
+from streaming.audio_in.tts import (
     EspeakEngine,
     HttpTtsEngine,
     NoTtsEngine,
     TtsEngine,
-    TtsError,
-    TtsInputError,
-    TtsUnavailableError,
     build_tts_engine,
     check_text,
     check_voice,
@@ -81,8 +84,10 @@ def test_bad_voice_names(voice: str) -> None:
         check_voice(voice)
 
 
-def test_errors_are_audio_errors() -> None:
-    assert issubclass(TtsError, AudioError)
+def test_tts_errors_have_their_own_root() -> None:
+    # A TTS failure is neither an inference error nor bad input audio: web/errors.py
+    # answers 502/503/400 for it, never "inference_failed".
+    assert not issubclass(TtsError, (InferenceError, AudioInputError))
     assert issubclass(TtsUnavailableError, TtsError)
     assert issubclass(TtsInputError, TtsError)
 
@@ -362,7 +367,7 @@ def found(path: str | None) -> Callable[[str], str | None]:
 
 
 async def test_build_auto_with_espeak_installed(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="streaming.tts")
+    caplog.set_level(logging.INFO, logger="streaming.audio_in.tts")
     engine = build_tts_engine(TtsSettings(engine="auto"), which=found(require_espeak()))
     assert isinstance(engine, EspeakEngine)
     assert engine.name == "espeak"
@@ -372,7 +377,7 @@ async def test_build_auto_with_espeak_installed(caplog: pytest.LogCaptureFixture
 
 
 async def test_build_auto_without_espeak(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="streaming.tts")
+    caplog.set_level(logging.INFO, logger="streaming.audio_in.tts")
     engine = build_tts_engine(TtsSettings(engine="auto"), which=found(None))
     assert isinstance(engine, NoTtsEngine)
     assert "text-to-speech: off" in caplog.text

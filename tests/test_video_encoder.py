@@ -1,4 +1,4 @@
-"""streaming.video_encoder: real libx264 encodes, real H.264 decodes, real aiortc peers."""
+"""streaming.webrtc.video_encoder: real libx264 encodes, real H.264 decodes, real aiortc peers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import re
 from fractions import Fraction
 
-import aioice.ice
 import av
 import numpy as np
 import pytest
@@ -23,7 +22,8 @@ from aiortc.codecs.h264 import h264_depayload
 from aiortc.exceptions import OperationError
 
 from config.settings import VideoSettings
-from streaming.video_encoder import (
+from streaming.webrtc.compat import receiver_codecs, sender_encoder
+from streaming.webrtc.video_encoder import (
     EncoderConfig,
     EncoderFactory,
     LipstreamH264Encoder,
@@ -38,8 +38,6 @@ WIDTH, HEIGHT = 320, 240
 RTP_TIME_BASE = Fraction(1, 90_000)
 NAL_IDR, NAL_SPS = 5, 7
 # Where aiortc 1.16 keeps a sender's encoder; if an upgrade moves it, these tests fail.
-SENDER_ENCODER = "_RTCRtpSender__encoder"
-RECEIVER_CODECS = "_RTCRtpReceiver__codecs"
 
 
 def pattern(i: int, width: int = WIDTH, height: int = HEIGHT) -> np.ndarray:
@@ -311,7 +309,7 @@ def test_nvenc_request_falls_back_to_libx264_with_a_warning(
 ) -> None:
     if nvenc_works():
         pytest.skip("this machine has a working NVENC")
-    with caplog.at_level(logging.WARNING, logger="streaming.video_encoder"):
+    with caplog.at_level(logging.WARNING, logger="streaming.webrtc.video_encoder"):
         factory = EncoderFactory(VideoSettings(encoder="h264_nvenc"))
     assert factory.codec_name == "libx264"
     assert factory.create(WIDTH, HEIGHT).config.codec_name == "libx264"
@@ -326,7 +324,7 @@ def test_auto_picks_libx264_without_nvenc_and_says_why(
 ) -> None:
     if nvenc_works():
         pytest.skip("this machine has a working NVENC")
-    with caplog.at_level(logging.INFO, logger="streaming.video_encoder"):
+    with caplog.at_level(logging.INFO, logger="streaming.webrtc.video_encoder"):
         assert pick_encoder(VideoSettings(encoder="auto")) == "libx264"
     assert any("h264_nvenc unavailable" in r.getMessage() for r in caplog.records)
     assert pick_encoder(VideoSettings(encoder="libx264")) == "libx264"
@@ -339,7 +337,7 @@ def test_an_nvenc_stream_that_cannot_open_encodes_with_libx264(
         pytest.skip("this machine has a working NVENC")
     config = EncoderConfig.from_settings(VideoSettings(), WIDTH, HEIGHT, codec_name="h264_nvenc")
     enc = LipstreamH264Encoder(config)
-    with caplog.at_level(logging.WARNING, logger="streaming.video_encoder"):
+    with caplog.at_level(logging.WARNING, logger="streaming.webrtc.video_encoder"):
         payloads, _ = enc.encode(video_frame(0))
     assert NAL_IDR in nal_types(access_unit(payloads))
     assert enc.config.codec_name == "libx264"
@@ -372,12 +370,6 @@ class RecordingEncoder(LipstreamH264Encoder):
         payloads, timestamp = super().encode(frame, force_keyframe)
         self.sent.append(payloads)
         return payloads, timestamp
-
-
-@pytest.fixture
-def loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aioice skips 127.0.0.1 host candidates; this sandbox has nothing else.
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 def peer() -> RTCPeerConnection:
@@ -416,10 +408,10 @@ async def test_aiortc_sends_h264_with_our_encoder() -> None:
             isinstance(f, av.VideoFrame) and (f.width, f.height) == (WIDTH, HEIGHT) for f in frames
         )
         # The client's receiver can only decode what was negotiated: H.264 (+ RTX).
-        client_codecs = getattr(client_transceiver.receiver, RECEIVER_CODECS)
-        assert {c.mimeType for c in client_codecs.values() if c.name != "rtx"} == {"video/H264"}
+        client_codecs = receiver_codecs(client_transceiver)
+        assert {c.mimeType for c in client_codecs if c.name != "rtx"} == {"video/H264"}
         # aiortc really encoded with our object, and x264 got our options.
-        in_use = getattr(sender, SENDER_ENCODER)
+        in_use = sender_encoder(sender)
         assert in_use is ours
         assert isinstance(in_use, LipstreamH264Encoder)
         assert ours.codec is not None
@@ -458,6 +450,6 @@ async def test_install_encoder_leaves_a_vp8_sender_alone() -> None:
         sender = server.addTrack(PatternTrack())
         vp8 = RTCRtpCodecParameters(mimeType="video/VP8", clockRate=90_000, payloadType=97)
         assert not install_encoder(sender, encoder(), vp8)
-        assert getattr(sender, SENDER_ENCODER) is None
+        assert sender_encoder(sender) is None
     finally:
         await server.close()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-import aioice.ice
 from aiohttp import ClientSession
 
+from streaming.webrtc.compat import loopback_only_ice
 from tests.webrtc_client import Caller
 
 
@@ -30,8 +30,8 @@ async def call_and_wait(base_url: str) -> None:
 
 
 def main() -> None:
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
-    asyncio.run(call_and_wait(sys.argv[1]))
+    with loopback_only_ice():
+        asyncio.run(call_and_wait(sys.argv[1]))
 
 
 if __name__ == "__main__":

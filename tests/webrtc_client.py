@@ -16,6 +16,8 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
+from streaming.webrtc.compat import negotiated_codecs
+
 
 @dataclass
 class Received:
@@ -90,8 +92,9 @@ class Caller:
         self.session_id = answer["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
         for transceiver in self.pc.getTransceivers():
-            if transceiver.kind == "video" and transceiver._codecs:
-                self.received.video_codec = transceiver._codecs[0].mimeType
+            codecs = negotiated_codecs(transceiver)
+            if transceiver.kind == "video" and codecs:
+                self.received.video_codec = codecs[0].mimeType
 
     async def _consume(self, track: MediaStreamTrack) -> None:
         with contextlib.suppress(MediaStreamError):

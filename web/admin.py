@@ -28,8 +28,8 @@ from typing import TypedDict
 from aiohttp import web
 
 from inference_core.exceptions import ModelLoadError
-from inference_core.registry import ModelStats
-from streaming.session import AddedDelay
+from inference_core.serving.registry import ModelStats
+from streaming.live.session import AddedDelay
 from web.admin_auth import admin_only
 from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
 from web.errors import RequestError

@@ -7,20 +7,20 @@ so teardown runs in reverse order of start-up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from pathlib import Path
 
-import aioice.ice
 from aiohttp import web
 
 from config.settings import Settings
-from inference_core.avatar import AvatarLocator
-from inference_core.core import InferenceCore
-from streaming.session_manager import SessionManager
-from streaming.tts import build_tts_engine
+from inference_core.assets.builtin import avatar_locator
+from inference_core.serving.core import InferenceCore
+from streaming.audio_in.tts import build_tts_engine
+from streaming.live.manager import SessionManager
+from streaming.webrtc.compat import loopback_only_ice, report_missing_internals
 from web.admin import add_admin_routes
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.cors import cors_middleware
@@ -47,12 +47,13 @@ def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.A
 
     async def inference_core(app: web.Application) -> AsyncIterator[None]:
         a = settings.avatars
-        app[CORE] = core or InferenceCore(settings, AvatarLocator(a.root, a.data_dir, demo=a.demo))
+        app[CORE] = core or InferenceCore(settings, avatar_locator(a))
         await app[CORE].start()
         yield
         await app[CORE].stop(timeout_s=settings.server.drain_timeout_s)
 
     async def sessions(app: web.Application) -> AsyncIterator[None]:
+        await report_missing_internals()
         app[SESSIONS] = SessionManager(settings, app[CORE])
         yield
         await app[SESSIONS].close_all()
@@ -79,14 +80,15 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def serve(settings: Settings) -> None:
-    """Run the server until SIGTERM or SIGINT, then drain and exit (DESIGN §7).
+    """Run the server until SIGTERM or SIGINT, then drain and exit (``docs/architecture.md`` §12).
 
     The first signal turns ``/ready`` to 503 and new offers away (503 + Retry-After);
     live sessions run on until they end or ``server.drain_timeout_s`` passes (a second
     signal cuts that short). Then the listener closes and ``cleanup_ctx`` closes the
     remaining sessions and stops the inference core.
     """
-    with _loopback_ice(settings.server.ice_loopback_only):
+    loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
+    with loopback:
         asyncio.run(_serve(settings))
 
 
@@ -174,26 +176,3 @@ class _ShutdownSignals:
         """Return at the next signal (or at once for one not yet waited for)."""
         await self._received.wait()
         self._received.clear()
-
-
-@contextlib.contextmanager
-def _loopback_ice(enabled: bool) -> Iterator[None]:
-    """With ``server.ice_loopback_only``, gather only 127.0.0.1 host candidates.
-
-    aioice skips loopback addresses and has no per-connection setting for it: it asks
-    this module function, so the entry point swaps it for the server's lifetime (the
-    tests' ``loopback`` fixture does the same).
-    """
-    if not enabled:
-        yield
-        return
-    original = aioice.ice.get_host_addresses
-    aioice.ice.get_host_addresses = _loopback_addresses
-    try:
-        yield
-    finally:
-        aioice.ice.get_host_addresses = original
-
-
-def _loopback_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-    return ["127.0.0.1"]

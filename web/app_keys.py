@@ -8,9 +8,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from config.settings import Settings
-from inference_core.core import InferenceCore
-from streaming.session_manager import SessionManager
-from streaming.tts import TtsEngine
+from inference_core.serving.core import InferenceCore
+from streaming.audio_in.tts import TtsEngine
+from streaming.live.manager import SessionManager
 from web.rate_limit import RateLimiter
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -1,8 +1,9 @@
 """Every error leaves as JSON: ``{"error": {"code": ..., "message": ...}}`` with the right status.
 
-Library errors (``InferenceError``, ``CompositorError``) map to statuses here, in one
-place; handlers just raise. Anything unexpected is logged with its traceback and answered
-500 without internals.
+Library errors (each package's root: ``InferenceError``, ``AvatarError``,
+``AudioInputError``, ``TtsError``, ``StreamingError``, ``CompositorError``) map to
+statuses here, in one place; handlers just raise. Anything unexpected is logged with its
+traceback and answered 500 without internals.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from compositor.exceptions import CompositorError
-from inference_core.exceptions import (
-    AudioError,
+from inference_core.avatars.exceptions import (
+    AvatarError,
     AvatarInvalidError,
     AvatarNotFoundError,
+    InvalidAvatarIdError,
+)
+from inference_core.exceptions import (
     CapacityError,
     DeadlineExceededError,
     InferenceError,
-    InvalidAvatarIdError,
     ModelInputError,
     ModelInUseError,
     ModelLoadError,
@@ -28,19 +31,34 @@ from inference_core.exceptions import (
     QueueFullError,
     ShuttingDownError,
 )
-from streaming.audio_mixer import AudioQueueFullError
-from streaming.audio_push import AudioTooLargeError
+from streaming.audio_in.exceptions import (
+    AudioInputError,
+    AudioQueueFullError,
+    AudioTooLargeError,
+    TtsError,
+    TtsInputError,
+    TtsUnavailableError,
+)
 from streaming.exceptions import (
     OfferError,
     SessionLimitError,
     SessionNotFoundError,
     StreamingError,
 )
-from streaming.tts import TtsError, TtsInputError, TtsUnavailableError
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The root of every package's errors: raised by a handler, each becomes a JSON response.
+LIBRARY_ERRORS: tuple[type[Exception], ...] = (
+    InferenceError,
+    AvatarError,
+    AudioInputError,
+    TtsError,
+    StreamingError,
+    CompositorError,
+)
 
 # (exception type, HTTP status, error code, Retry-After seconds or None); first match wins.
 _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
@@ -50,16 +68,17 @@ _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (StreamingError, 500, "streaming_failed", None),
     (AudioTooLargeError, 413, "audio_too_large", None),
     (AudioQueueFullError, 429, "audio_queue_full", 2),
+    (AudioInputError, 400, "bad_audio", None),
     (TtsUnavailableError, 503, "tts_unavailable", None),
     (TtsInputError, 400, "bad_text", None),
     (TtsError, 502, "tts_failed", None),
     (InvalidAvatarIdError, 400, "invalid_model_id", None),
     (AvatarNotFoundError, 404, "model_not_found", None),
     (AvatarInvalidError, 500, "model_invalid", None),
+    (AvatarError, 500, "model_invalid", None),
     (ModelOutOfMemoryError, 503, "out_of_memory", 5),
     (ModelLoadError, 500, "model_load_failed", None),
     (ModelInputError, 400, "bad_input", None),
-    (AudioError, 400, "bad_audio", None),
     (CapacityError, 503, "no_capacity", 5),
     (ModelInUseError, 409, "model_in_use", None),
     (QueueFullError, 503, "queue_full", 1),
@@ -115,7 +134,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         code = exc.reason.lower().replace(" ", "_")
         return json_error(exc.status, code, exc.text or exc.reason)
-    except (RequestError, InferenceError, CompositorError, StreamingError) as exc:
+    except (RequestError, *LIBRARY_ERRORS) as exc:  # type: ignore[misc]
         response = response_for(exc)
         if response.status >= 500:
             logger.warning("%s %s failed: %s", request.method, request.path, exc)

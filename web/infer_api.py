@@ -15,7 +15,7 @@ import time
 import numpy as np
 from aiohttp import web
 
-from inference_core.avatar import check_avatar_id
+from inference_core.avatars.package import check_avatar_id
 from web.app_keys import CORE, SETTINGS
 from web.errors import RequestError
 from web.request_body import read_limited

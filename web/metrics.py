@@ -6,7 +6,7 @@ Two sources, one :class:`~prometheus_client.CollectorRegistry` owned by the app
 * :class:`ServerCollector` reads what the server already counts (schedulers, model
   registry, sessions, background cache) at scrape time, so nothing is counted twice.
 * :class:`MetricsEvents` observes durations as they happen. It implements
-  :class:`~inference_core.events.CoreEvents` (batches run, models loaded) and the
+  :class:`~inference_core.serving.events.CoreEvents` (batches run, models loaded) and the
   sessions' ``on_frame_ready`` hook, so neither the core nor the sessions import
   prometheus.
 
@@ -77,8 +77,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from inference_core.core import InferenceCore
-from streaming.session_manager import SessionManager
+from inference_core.serving.core import InferenceCore
+from streaming.live.manager import SessionManager
 from web.app_keys import CORE, METRICS, SESSIONS
 
 # The classic text format: every Prometheus version reads it.
@@ -109,7 +109,7 @@ _BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64)
 class MetricsEvents:
     """Histograms and counters fed as things happen (from worker, load and loop threads).
 
-    Implements :class:`~inference_core.events.CoreEvents`; :meth:`frame_ready` is the
+    Implements :class:`~inference_core.serving.events.CoreEvents`; :meth:`frame_ready` is the
     sessions' ``on_frame_ready`` hook. prometheus_client metrics are thread-safe.
     """
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_core.avatar import AVATAR_ID_PATTERN
-from streaming.audio_push import SUPPORTED_TYPES
-from streaming.tts import VOICE_PATTERN
+from inference_core.avatars.package import AVATAR_ID_PATTERN
+from streaming.audio_in.push import SUPPORTED_TYPES
+from streaming.audio_in.tts import VOICE_PATTERN
 from web.infer_api import MAX_REQUEST_FRAMES
 
 Json = dict[str, Any]

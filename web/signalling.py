@@ -1,13 +1,13 @@
 """WebRTC signalling and session control.
 
-    POST   /offer                       {"sdp", "type": "offer", "avatar"} → answer + session_id
-    DELETE /sessions/{id}               hang up
-    GET    /sessions/{id}               the session's state
-    POST   /sessions/{id}/audio         WAV / any container / raw PCM → spoken by the avatar
-    POST   /sessions/{id}/say           {"text", "voice"?} → text-to-speech → spoken
-    POST   /sessions/{id}/interrupt     drop queued audio; the avatar goes idle
-    GET    /avatars                     the avatars a client can pick
-    GET    /webrtc-config               ICE servers for the browser
+POST   /offer                       {"sdp", "type": "offer", "avatar"} → answer + session_id
+DELETE /sessions/{id}               hang up
+GET    /sessions/{id}               the session's state
+POST   /sessions/{id}/audio         WAV / any container / raw PCM → spoken by the avatar
+POST   /sessions/{id}/say           {"text", "voice"?} → text-to-speech → spoken
+POST   /sessions/{id}/interrupt     drop queued audio; the avatar goes idle
+GET    /avatars                     the avatars a client can pick
+GET    /webrtc-config               ICE servers for the browser
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_core.avatar import check_avatar_id
-from streaming.audio_push import AudioLimits, decode_pushed_audio
+from inference_core.avatars.package import check_avatar_id
+from streaming.audio_in.push import AudioLimits, decode_pushed_audio
+from streaming.audio_in.tts import check_text, check_voice
 from streaming.exceptions import SessionLimitError
-from streaming.offer_check import OfferLimits, check_offer
-from streaming.session import Session
-from streaming.tts import check_text, check_voice
+from streaming.live.session import Session
+from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
 from web.request_body import parse_json_object, read_limited

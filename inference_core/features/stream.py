@@ -1,0 +1,378 @@
+"""Per-video-frame audio inputs for the lip-sync models, streaming and offline alike.
+
+``"ave"`` (SyncTalk_2D, ``docs/architecture.md`` §3): video frame ``m`` takes mel frames
+``[int(3.2m), int(3.2m)+16)`` → audio-encoder ONNX → 512 values. The list of those
+features is extended by repeating its first and last entry once, and frame ``i`` sees
+extended rows ``i−8 … i+7`` (zero rows outside the list) reshaped to ``[32,16,16]``.
+
+``"mel"`` (Wav2Lip): frame ``i`` sees the mel window ``[int(3.2i), +16)`` as ``[1,80,16]``.
+
+There is one implementation, :class:`AudioFeatureStream`; :func:`offline_features` is a
+stream fed the whole signal at once. A frame is emitted as soon as every input it uses is
+final, so a live stream runs :func:`lookahead_ms` behind the audio (≈450 ms for the full
+right context). Rows that depend on where the stream ends (the clamped last windows, the
+repeated last feature) are final only at :meth:`AudioFeatureStream.flush`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from inference_core.exceptions import ModelInputError
+from inference_core.features.encoder import ENCODER_FEATURES, MEL_WINDOW, AudioEncoder
+from inference_core.features.mel import MelConfig, StreamingMel
+
+logger = logging.getLogger(__name__)
+
+FeatureKind = Literal["ave", "mel"]
+FloatArray = npt.NDArray[np.float32]
+
+CONTEXT_ROWS = 16  # extended feature rows per video frame
+CONTEXT_LEFT = 8  # rows before the frame's own row
+MAX_RIGHT_CONTEXT = CONTEXT_ROWS - CONTEXT_LEFT - 1
+AVE_SHAPE = (32, 16, 16)
+SILENCE_DB = -120.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FrameAudio:
+    """The audio input of one video frame.
+
+    ``index`` is the video frame number (it shows time ``index / fps``); ``features`` is
+    float32 ``[32,16,16]`` for kind "ave" or ``[1,80,16]`` for kind "mel"; ``level_db``
+    is the RMS level in dBFS of the audio the frame covers (half a frame either side of
+    its time), :data:`SILENCE_DB` for digital silence.
+    """
+
+    index: int
+    features: FloatArray
+    level_db: float
+
+
+def _check_args(kind: str, fps: int, right_context: int) -> None:
+    if kind not in ("ave", "mel"):
+        raise ValueError(f"kind must be 'ave' or 'mel', got {kind!r}")
+    if not isinstance(fps, int) or fps <= 0:
+        raise ValueError(f"fps must be a positive integer, got {fps!r}")
+    if not 0 <= right_context <= MAX_RIGHT_CONTEXT:
+        raise ValueError(
+            f"right_context must be in 0..{MAX_RIGHT_CONTEXT} (future feature rows per frame), "
+            f"got {right_context}"
+        )
+
+
+class _Timing:
+    """Integer index arithmetic shared by the stream and :func:`lookahead_ms`.
+
+    Exact integers instead of ``int(80.0 * m / fps)``: the float form lands a hair below
+    an integer for some ``m`` and fps, which would pick the previous mel frame.
+    """
+
+    def __init__(self, cfg: MelConfig, fps: int) -> None:
+        self.cfg = cfg
+        self.fps = fps
+
+    def window_start(self, m: int) -> int:
+        """First mel frame of window ``m``: ``floor(m · mel_fps / fps)``."""
+        return (m * self.cfg.sample_rate) // (self.cfg.hop * self.fps)
+
+    def window_count(self, n_mel: int) -> int:
+        """Windows of a finished "ave" stream: ``int((n_mel − 16) / 3.2) + 2``."""
+        usable = max(n_mel, MEL_WINDOW) - MEL_WINDOW
+        return (usable * self.fps * self.cfg.hop) // self.cfg.sample_rate + 2
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Samples ``[start, end)`` that frame ``i`` covers: half a frame either side."""
+        sr, fps = self.cfg.sample_rate, self.fps
+        return ((2 * i - 1) * sr) // (2 * fps), ((2 * i + 1) * sr) // (2 * fps)
+
+    def samples_for_mel(self, t: int) -> int:
+        """Samples that must have arrived before mel frame ``t`` is final (not at flush)."""
+        half = self.cfg.n_fft // 2
+        return max(t * self.cfg.hop + half, half + 1)
+
+    def samples_needed(self, i: int, kind: FeatureKind, right_context: int) -> int:
+        """Samples that must have arrived before frame ``i`` can be emitted mid-stream."""
+        if kind == "ave":
+            # Frame i's last row is extended row i+R = window i+R−1 (row 0 repeats window 0).
+            window = max(i + right_context - 1, 0)
+        else:
+            window = i
+        last_mel = self.window_start(window) + MEL_WINDOW - 1
+        return max(self.samples_for_mel(last_mel), self.span(i)[1])
+
+
+def lookahead_ms(
+    right_context: int = MAX_RIGHT_CONTEXT, fps: int = 25, *, kind: FeatureKind = "ave"
+) -> float:
+    """Audio (ms) past frame ``i``'s own time ``i / fps`` needed before it can be emitted.
+
+    The maximum over all frames, STFT half window included: 452.5 ms for "ave" with the
+    full right context at 25 fps, 40 ms less per row of right context dropped. R=0 gives
+    the same 212.5 ms as R=1 because frame 0's own row is window 0 either way; after
+    frame 0, R=0 frames need only 172.5 ms. Kind "mel" needs 212.5 ms.
+    """
+    _check_args(kind, fps, right_context)
+    timing = _Timing(MelConfig(), fps)
+    sr = timing.cfg.sample_rate
+    # The window starts repeat every fps/gcd(80, fps) frames and the level spans every
+    # 2·fps frames, so frame 0 (the start-up case) plus 2·fps + 1 frames cover every case.
+    # Integer numerators (in units of 1/(sr·fps) s) so the figure has no rounding noise.
+    worst = max(
+        timing.samples_needed(i, kind, right_context) * fps - i * sr for i in range(2 * fps + 2)
+    )
+    return 1000.0 * worst / (sr * fps)
+
+
+class AudioFeatureStream:
+    """Turns 16 kHz mono PCM into per-video-frame model inputs, frame by frame.
+
+    ``push`` returns, in order, every frame whose inputs became final; ``flush`` ends the
+    stream and returns the rest, so that ``frames_for_samples(n)`` frames come out in all;
+    ``reset`` drops everything (an interrupt). After ``flush`` the stream starts afresh
+    at frame 0. ``right_context`` R (kind "ave") zeroes the feature rows after ``i+R``:
+    each row less emits frames ≈40 ms sooner at some cost in lip-sync quality.
+
+    Only what unfinished frames still need is kept: a few hundred ms of samples, mel
+    frames and features.
+    """
+
+    def __init__(
+        self,
+        encoder: AudioEncoder | None,
+        *,
+        kind: FeatureKind = "ave",
+        fps: int = 25,
+        right_context: int = MAX_RIGHT_CONTEXT,
+        sample_rate: int = 16000,
+    ) -> None:
+        _check_args(kind, fps, right_context)
+        cfg = MelConfig()
+        if sample_rate != cfg.sample_rate:
+            raise ValueError(
+                f"sample_rate must be {cfg.sample_rate} (the models were trained on "
+                f"{cfg.sample_rate} Hz audio), got {sample_rate}: resample first"
+            )
+        if kind == "ave" and encoder is None:
+            raise ValueError("kind 'ave' needs an AudioEncoder; only kind 'mel' works without")
+        self._encoder = encoder
+        self._kind: FeatureKind = kind
+        self._right_context = right_context if kind == "ave" else 0
+        self._timing = _Timing(cfg, fps)
+        self._mel = StreamingMel(cfg)
+        self._lookahead_ms = lookahead_ms(self._right_context, fps, kind=kind)
+        logger.debug(
+            "audio features %s at %d fps, right context %d: lookahead %.1f ms",
+            kind,
+            fps,
+            self._right_context,
+            self._lookahead_ms,
+        )
+        self.reset()
+
+    @property
+    def lookahead_ms(self) -> float:
+        """Audio (ms) past a frame's own time that must arrive before it is emitted."""
+        return self._lookahead_ms
+
+    @property
+    def kind(self) -> FeatureKind:
+        """``"ave"`` (encoder features, SyncTalk_2D) or ``"mel"`` (mel windows, Wav2Lip)."""
+        return self._kind
+
+    @property
+    def fps(self) -> int:
+        """Video frames per second."""
+        return self._timing.fps
+
+    @property
+    def right_context(self) -> int:
+        """Future feature rows each frame uses (0 for kind "mel")."""
+        return self._right_context
+
+    @property
+    def frames_emitted(self) -> int:
+        """Frames returned since the stream started."""
+        return self._next_frame
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of samples, mel frames and features held for frames not yet emitted."""
+        return self._pcm.nbytes + self._mel_frames.nbytes + self._rows.nbytes
+
+    def frames_for_samples(self, n: int) -> int:
+        """Frames a finished stream of ``n`` samples yields: ``ceil(n · fps / 16000)``."""
+        return -(-n * self._timing.fps // self._timing.cfg.sample_rate)
+
+    def reset(self) -> None:
+        """Drop all audio and pending frames; the next push starts at frame 0."""
+        n_mels = self._timing.cfg.n_mels
+        self._mel.reset()
+        self._n_samples = 0
+        self._pcm: FloatArray = np.empty(0, dtype=np.float32)
+        self._pcm_start = 0
+        self._mel_frames: FloatArray = np.empty((0, n_mels), dtype=np.float32)
+        self._mel_start = 0
+        self._rows: FloatArray = np.empty((0, ENCODER_FEATURES), dtype=np.float32)
+        self._rows_start = 0
+        self._next_window = 0
+        self._next_frame = 0
+
+    def push(self, pcm: npt.ArrayLike) -> list[FrameAudio]:
+        """Add mono 16 kHz PCM (float32 in [−1, 1] or int16); return the frames now final."""
+        samples = _as_float32(pcm)
+        if samples.size == 0:
+            return []
+        self._n_samples += samples.size
+        self._pcm = np.concatenate((self._pcm, samples))
+        self._mel_frames = np.concatenate((self._mel_frames, self._mel.push(samples)))
+        if self._kind == "ave":
+            stop = self._next_window
+            while self._timing.window_start(stop) + MEL_WINDOW <= self._mel_count:
+                stop += 1
+            self._encode_windows(stop)
+        frames = self._emit_ready()
+        self._drop_consumed()
+        return frames
+
+    def flush(self) -> list[FrameAudio]:
+        """End of stream: return the remaining frames, then start afresh."""
+        total = self.frames_for_samples(self._n_samples)
+        frames: list[FrameAudio] = []
+        if total > self._next_frame:
+            self._mel_frames = np.concatenate((self._mel_frames, self._mel.flush()))
+            short = MEL_WINDOW - self._mel_count
+            if short > 0:
+                # Shorter than one window: continue it with what digital silence gives.
+                floor = np.full(
+                    (short, self._timing.cfg.n_mels),
+                    -self._timing.cfg.max_abs_value,
+                    dtype=np.float32,
+                )
+                self._mel_frames = np.concatenate((self._mel_frames, floor))
+            if self._kind == "ave":
+                self._encode_windows(self._timing.window_count(self._mel_count))
+                # The extended list repeats the last feature once.
+                self._rows = np.concatenate((self._rows, self._rows[-1:]))
+            frames = [self._frame(i) for i in range(self._next_frame, total)]
+        self.reset()
+        return frames
+
+    @property
+    def _mel_count(self) -> int:
+        return self._mel_start + len(self._mel_frames)
+
+    @property
+    def _rows_end(self) -> int:
+        return self._rows_start + len(self._rows)
+
+    def _mel_window(self, m: int) -> FloatArray:
+        """Mel window ``m`` as ``[1,80,16]``, clamped to the last 16 frames at the end."""
+        start = min(self._timing.window_start(m), self._mel_count - MEL_WINDOW)
+        rows = self._mel_frames[start - self._mel_start : start - self._mel_start + MEL_WINDOW]
+        return np.ascontiguousarray(rows.T[np.newaxis])
+
+    def _encode_windows(self, stop: int) -> None:
+        """Encode windows ``_next_window .. stop−1`` in one batch into extended rows."""
+        if stop <= self._next_window or self._encoder is None:
+            return
+        batch = np.stack([self._mel_window(m) for m in range(self._next_window, stop)])
+        features = self._encoder.encode(batch)
+        if self._next_window == 0:  # extended row 0 repeats window 0
+            features = np.concatenate((features[:1], features))
+        self._rows = np.concatenate((self._rows, features))
+        self._next_window = stop
+
+    def _emit_ready(self) -> list[FrameAudio]:
+        frames: list[FrameAudio] = []
+        while self._ready(self._next_frame):
+            frames.append(self._frame(self._next_frame))
+        return frames
+
+    def _ready(self, i: int) -> bool:
+        if self._timing.span(i)[1] > self._n_samples:
+            return False
+        if self._kind == "ave":
+            return self._rows_end > i + self._right_context
+        return self._timing.window_start(i) + MEL_WINDOW <= self._mel_count
+
+    def _frame(self, i: int) -> FrameAudio:
+        if self._kind == "ave":
+            features = self._context(i)
+        else:
+            features = self._mel_window(i)
+        self._next_frame = i + 1
+        return FrameAudio(index=i, features=features, level_db=self._level_db(i))
+
+    def _context(self, i: int) -> FloatArray:
+        """Extended rows ``i−8 … i+R`` as ``[32,16,16]``; zeros where there is no row."""
+        view = np.zeros((CONTEXT_ROWS, ENCODER_FEATURES), dtype=np.float32)
+        first = i - CONTEXT_LEFT
+        lo = max(first, 0)
+        hi = min(i + self._right_context, self._rows_end - 1)
+        if hi >= lo:
+            view[lo - first : hi - first + 1] = self._rows[
+                lo - self._rows_start : hi - self._rows_start + 1
+            ]
+        return view.reshape(AVE_SHAPE)
+
+    def _level_db(self, i: int) -> float:
+        start, end = self._timing.span(i)
+        start, end = max(start, 0), min(end, self._n_samples)
+        span = self._pcm[start - self._pcm_start : end - self._pcm_start].astype(np.float64)
+        if span.size == 0:
+            return SILENCE_DB
+        mean_square = float(np.mean(span * span))
+        if mean_square <= 0.0:
+            return SILENCE_DB
+        return max(SILENCE_DB, 10.0 * math.log10(mean_square))
+
+    def _drop_consumed(self) -> None:
+        timing = self._timing
+        pcm_from = max(timing.span(self._next_frame)[0], 0)
+        if pcm_from > self._pcm_start:
+            self._pcm = self._pcm[pcm_from - self._pcm_start :]
+            self._pcm_start = pcm_from
+        # Mel frames: the next window still to build, and the last 16 for a clamped end.
+        next_window = self._next_window if self._kind == "ave" else self._next_frame
+        mel_from = min(timing.window_start(next_window), self._mel_count - MEL_WINDOW)
+        if mel_from > self._mel_start:
+            self._mel_frames = self._mel_frames[mel_from - self._mel_start :]
+            self._mel_start = mel_from
+        # Rows: the next frame's left context, and the last row, repeated at flush.
+        rows_from = min(self._next_frame - CONTEXT_LEFT, self._rows_end - 1)
+        if rows_from > self._rows_start:
+            self._rows = self._rows[rows_from - self._rows_start :]
+            self._rows_start = rows_from
+
+
+def _as_float32(pcm: npt.ArrayLike) -> FloatArray:
+    samples = np.asarray(pcm)
+    if samples.ndim != 1:
+        raise ModelInputError(
+            f"expected 1-D mono PCM, got shape {list(samples.shape)}: downmix first"
+        )
+    if samples.dtype == np.int16:
+        return samples.astype(np.float32) / np.float32(32768.0)
+    if samples.dtype.kind == "f":
+        return samples.astype(np.float32, copy=False)
+    raise ModelInputError(f"expected float32 samples in [-1, 1] or int16 PCM, got {samples.dtype}")
+
+
+def offline_features(
+    samples: npt.ArrayLike,
+    encoder: AudioEncoder | None,
+    *,
+    kind: FeatureKind = "ave",
+    fps: int = 25,
+    right_context: int = MAX_RIGHT_CONTEXT,
+) -> list[FrameAudio]:
+    """Features of every frame of a whole signal: one stream, ``push(all) + flush()``."""
+    stream = AudioFeatureStream(encoder, kind=kind, fps=fps, right_context=right_context)
+    return stream.push(samples) + stream.flush()

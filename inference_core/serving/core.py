@@ -1,0 +1,148 @@
+"""The serving core: devices, the model registry and a scheduler per device, as one object.
+
+    core = InferenceCore(settings, locator)
+    await core.start()                       # register every avatar, preload, start workers
+    async with await core.open("alice") as model:   # loads on demand, holds the model
+        face = await model.submit(visual_u8, audio, deadline=now + 0.2)
+    await core.stop()                        # stop accepting, finish or fail work, free memory
+
+A held model is never evicted. Frames of every session that uses one model are batched
+together by its device's scheduler; frames past their deadline are dropped, not run late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import onnxruntime as ort
+
+from config.settings import Settings
+from inference_core.avatars.locator import AvatarLocator
+from inference_core.exceptions import ShuttingDownError
+from inference_core.serving.devices import Device, MemoryProbe, detect_devices
+from inference_core.serving.events import CoreEvents
+from inference_core.serving.handle import ModelHandle
+from inference_core.serving.loaded_model import LoadedModel
+from inference_core.serving.registry import ModelRegistry
+from inference_core.serving.scheduler import DeviceScheduler
+
+logger = logging.getLogger(__name__)
+
+SessionFactory = Callable[[Path, Device], ort.InferenceSession]
+
+
+class InferenceCore:
+    """Owns the devices' schedulers, the registry and the idle-eviction task.
+
+    ``events`` (default: none) hears about batches run and models loaded, from the
+    worker and load threads; see :mod:`inference_core.serving.events`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        locator: AvatarLocator,
+        *,
+        devices: Sequence[Device] | None = None,
+        session_factory: SessionFactory | None = None,
+        memory_probe: MemoryProbe | None = None,
+        events: CoreEvents | None = None,
+    ) -> None:
+        self.settings = settings
+        self.devices = list(devices) if devices is not None else detect_devices(settings.devices)
+        batching = settings.batching
+        self.schedulers = [
+            DeviceScheduler(
+                device.name,
+                workers=settings.devices.workers_for(device.kind),
+                queue_size=batching.queue_size,
+                max_batch_size=batching.max_batch_size,
+                max_wait_ms=batching.max_wait_ms,
+                events=events,
+            )
+            for device in self.devices
+        ]
+        self.registry = ModelRegistry(
+            settings,
+            locator,
+            self.devices,
+            session_factory=session_factory,
+            memory_probe=memory_probe,
+            queue_depth=lambda index: self.schedulers[index].queue_depth,
+            on_unload=self._drop_queued_frames,
+            events=events,
+        )
+        self._idle_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopping = False
+
+    def set_events(self, events: CoreEvents) -> None:
+        """Report to ``events`` from now on (for an observer made after the core)."""
+        self.registry.events = events
+        for scheduler in self.schedulers:
+            scheduler.events = events
+
+    def scheduler_for(self, device: Device) -> DeviceScheduler:
+        return self.schedulers[device.index]
+
+    def _drop_queued_frames(self, model: LoadedModel) -> None:
+        dropped = self.scheduler_for(model.device).drop_model(model.model_id)
+        if dropped:
+            logger.info("dropped %d queued frames of unloaded model %s", dropped, model.model_id)
+
+    async def start(self) -> None:
+        """Register every avatar, start the workers, preload, start idle eviction."""
+        started = time.perf_counter()
+        count = self.registry.register_all()
+        for scheduler in self.schedulers:
+            scheduler.start()
+        self._started = True
+        await self.registry.preload()
+        if self.settings.registry.idle_timeout_s > 0:
+            self._idle_task = asyncio.create_task(self._evict_idle_forever(), name="idle-evict")
+        logger.info(
+            "inference core ready: devices=%s models_registered=%d start_ms=%.0f",
+            ",".join(d.name for d in self.devices),
+            count,
+            (time.perf_counter() - started) * 1000,
+        )
+
+    async def open(self, model_id: str, *, device: int | None = None) -> ModelHandle:
+        """Hold ``model_id`` (loading it first if needed) and return a handle to it."""
+        if self._stopping or not self._started:
+            raise ShuttingDownError("the inference core is not running")
+        model = await self.registry.acquire(model_id, device=device)
+        return ModelHandle(model, self.scheduler_for(model.device), self.registry.release)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting work, finish in-flight batches, fail the rest, free every model."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(None, s.stop, timeout_s) for s in self.schedulers)
+        )
+        await self.registry.close()
+        logger.info("inference core stopped")
+
+    async def _evict_idle_forever(self) -> None:
+        period = max(1.0, min(30.0, self.settings.registry.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                evicted = await self.registry.evict_idle()
+            except Exception:  # keep the task alive: one bad pass must not stop eviction
+                logger.exception("idle eviction pass failed")
+                continue
+            if evicted:
+                logger.info("evicted idle models: %s", ",".join(evicted))

@@ -1,0 +1,40 @@
+"""Audio that apps bring to a session or a render: audio files, pushed HTTP bodies, text
+turned into speech, all decoded to 16 kHz mono float32 (``docs/architecture.md`` §2).
+
+Its errors (:mod:`~streaming.audio_in.exceptions`) are not inference errors: the model
+never saw this audio. Imports :mod:`config` only.
+"""
+
+from __future__ import annotations
+
+from streaming.audio_in.decode import DecodedAudio, decode_audio
+from streaming.audio_in.exceptions import (
+    AudioInputError,
+    AudioQueueFullError,
+    AudioTooLargeError,
+    TtsError,
+    TtsInputError,
+    TtsUnavailableError,
+)
+from streaming.audio_in.push import AudioLimits, decode_pushed_audio
+from streaming.audio_in.resample import MonoResampler, resample_mono
+from streaming.audio_in.tts import TtsEngine, build_tts_engine, check_text, check_voice
+
+__all__ = [
+    "AudioInputError",
+    "AudioLimits",
+    "AudioQueueFullError",
+    "AudioTooLargeError",
+    "DecodedAudio",
+    "MonoResampler",
+    "TtsEngine",
+    "TtsError",
+    "TtsInputError",
+    "TtsUnavailableError",
+    "build_tts_engine",
+    "check_text",
+    "check_voice",
+    "decode_audio",
+    "decode_pushed_audio",
+    "resample_mono",
+]

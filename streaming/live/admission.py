@@ -1,0 +1,292 @@
+"""Admission control: does one more session fit, given what the live ones cost?
+
+``docs/architecture.md`` §9: refuse a new session (503 + Retry-After) when capacity is used; never
+degrade the sessions already running. Capacity is modelled in milliseconds of work per
+second of wall time, on two kinds of resource, plus a hard cap:
+
+**Inference, per device.** A session costs its model's milliseconds per frame × its fps
+× the speech duty (1.0: a session may speak all the time, and a silent one costs nothing,
+so the worst case is the only safe one). A device's budget is ``workers`` × 1000 ms ×
+``server.admission_headroom``. Milliseconds per frame are, in order of preference:
+
+1. the model's own measured mean (``LoadedModel`` stats: time inside ``run_batch`` /
+   frames run, so cross-session batching is already in the figure);
+2. the device's measured mean over every model it ran (scheduler busy time / frames);
+3. ``server.inference_ms_per_frame_estimate`` when the device has run nothing yet.
+
+**CPU, per process.** Audio features, crop, paste-back, H.264 encoding and the WebRTC
+send path (RTP, SRTP, Opus, the session's timeline on the event loop) run on this
+process's cores: a session costs ``cpu_ms_per_frame`` × fps, plus its inference when its
+device is a CPU device (the same cores). The budget is the usable cores × 1000 ms ×
+headroom. ``cpu_ms_per_frame`` is ``server.cpu_ms_per_session_frame`` (given for a
+1280×720 frame) or, when that is null, :data:`STAGES_CPU_MS` plus the preset's
+:data:`ENCODE_CPU_MS`, the encode part scaled by the frame's pixel count. With NVENC the
+encode figure still counts: conservative, set the option to override it.
+
+**Sessions.** Live sessions plus those being set up number at most ``server.max_sessions``.
+
+A device (or the CPU) with no session on it always takes one: that session can only hurt
+itself, and a model measured during a slow spell must not lock the server out for good.
+
+The check runs twice. :meth:`AdmissionControl.reserve` runs before anything is loaded or
+connected and reads only in-memory figures, so a full server answers at once (a refused
+offer took 2-8 ms over HTTP in tests/test_admission.py); what is not known yet is
+estimated (a model that is not loaded: its ``preferred_device`` or the device with the
+most inference room, 25 fps at 1280×720). :meth:`Reservation.confirm` runs again once the
+model is held, with its real device, fps and frame size, before a peer connection exists.
+A reservation counts as a session until it is released, so concurrent offers cannot
+both take the last place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from config.settings import Settings
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.handle import ModelHandle
+from streaming.exceptions import SessionLimitError
+
+logger = logging.getLogger(__name__)
+
+#: A session may speak all the time; a lower duty would overbook the devices.
+SPEECH_DUTY = 1.0
+REFERENCE_PIXELS = 1280 * 720
+#: Assumed for an avatar whose package has not been read yet (the manifest defaults).
+DEFAULT_FPS = 25
+DEFAULT_FRAME_SIZE = (1280, 720)
+#: CPU ms per output frame outside encoding and inference, one live 1280×720 demo call
+#: speaking all the time (2-core EPYC VM, per-thread CPU from /proc, docs/benchmarks.md
+#: §6): ≈11.8 ms per frame with superfast, less the 4.9 ms its encode costs. Audio
+#: features, crop and paste-back are ≈1.9 ms of it; the rest is the WebRTC send path,
+#: audio and the executor hand-offs, which do not shrink with the frame.
+STAGES_CPU_MS = 7.0
+#: libx264 (tune zerolatency) CPU time per 1280×720 frame, ``VideoFrame.from_ndarray``
+#: included: process time over 100 demo frames (40 for slow..veryslow), best of 3 runs,
+#: on the same VM. CPU time, not wall time: x264's threads all use the cores.
+ENCODE_CPU_MS: dict[str, float] = {
+    "ultrafast": 3.0,
+    "superfast": 4.9,
+    "veryfast": 6.1,
+    "faster": 9.1,
+    "fast": 13.6,
+    "medium": 17.0,
+    "slow": 32.0,
+    "slower": 40.0,
+    "veryslow": 72.0,
+}
+
+
+class HoldsModel(Protocol):
+    """What admission reads from a live session: the model it holds."""
+
+    @property
+    def model(self) -> ModelHandle: ...
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    """What one session costs per second of wall time."""
+
+    device: int  # index of the device its model runs on
+    inference_ms: float  # on that device
+    cpu_ms: float  # in this process (inference included for a CPU device)
+    measured: bool = True  # False when the model's cost is an estimate
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    name: str
+    workers: int
+    ms: float  # inference milliseconds per second this device may be given
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The capacity being shared out: per device, for the process's CPU, in sessions."""
+
+    devices: tuple[DeviceBudget, ...]
+    cpu_ms: float
+    cpus: int
+    headroom: float
+    max_sessions: int
+
+
+def cpu_ms_per_frame(
+    frame_size: tuple[int, int], preset: str, configured: float | None = None
+) -> float:
+    """CPU milliseconds to compose and encode one frame of ``frame_size`` (see module doc)."""
+    scale = frame_size[0] * frame_size[1] / REFERENCE_PIXELS
+    if configured is not None:
+        return configured * scale
+    return STAGES_CPU_MS + ENCODE_CPU_MS[preset] * scale
+
+
+def refusal(budget: Budget, running: Sequence[SessionLoad], new: SessionLoad) -> str | None:
+    """Why ``new`` does not fit next to ``running`` (naming what is full), or None if it fits."""
+    if len(running) + 1 > budget.max_sessions:
+        return f"the server is at its limit of {budget.max_sessions} sessions"
+    device = budget.devices[new.device]
+    here = [s for s in running if s.device == new.device]
+    inference = sum(s.inference_ms for s in here) + new.inference_ms
+    if here and inference > device.ms:
+        return (
+            f"device {device.name} is full: {len(here) + 1} sessions would need "
+            f"{inference:.0f} ms of inference per second, over its budget of {device.ms:.0f} "
+            f"({device.workers} worker(s) × 1000 ms × headroom {budget.headroom:g})"
+        )
+    cpu = sum(s.cpu_ms for s in running) + new.cpu_ms
+    if running and cpu > budget.cpu_ms:
+        return (
+            f"the server's CPU is full: {len(running) + 1} sessions would need {cpu:.0f} ms "
+            f"of CPU per second, over its budget of {budget.cpu_ms:.0f} "
+            f"({budget.cpus} cores × 1000 ms × headroom {budget.headroom:g})"
+        )
+    return None
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity where the OS tells, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+class Reservation:
+    """A place taken by a session being set up; :meth:`release` it once live or failed."""
+
+    def __init__(self, control: AdmissionControl, load: SessionLoad) -> None:
+        self._control = control
+        self.load = load
+
+    def confirm(self, model: ModelHandle, sessions: Sequence[HoldsModel]) -> None:
+        """Check again with the held model's real device, fps and frame size.
+
+        Raises :class:`SessionLimitError`, the place then given back.
+        """
+        self._control._confirm(self, model, sessions)
+
+    def release(self) -> None:
+        """Give the place back (idempotent)."""
+        self._control._release(self)
+
+
+class AdmissionControl:
+    """Decides whether a new session fits, from the live sessions and measured model costs.
+
+    ``cpus`` defaults to :func:`usable_cpus` (tests pass it).
+    """
+
+    def __init__(self, settings: Settings, core: InferenceCore, *, cpus: int | None = None) -> None:
+        self._settings = settings
+        self._core = core
+        self._cpus = cpus if cpus is not None else usable_cpus()
+        self._pending: list[Reservation] = []
+
+    def budget(self) -> Budget:
+        server = self._settings.server
+        headroom = server.admission_headroom
+        devices = []
+        for device in self._core.devices:
+            workers = self._settings.devices.workers_for(device.kind)
+            devices.append(DeviceBudget(device.name, workers, workers * 1000.0 * headroom))
+        return Budget(
+            devices=tuple(devices),
+            cpu_ms=self._cpus * 1000.0 * headroom,
+            cpus=self._cpus,
+            headroom=headroom,
+            max_sessions=server.max_sessions,
+        )
+
+    def reserve(self, avatar_id: str, sessions: Sequence[HoldsModel]) -> Reservation:
+        """Take a place for a session of ``avatar_id``, or raise :class:`SessionLimitError`.
+
+        ``sessions`` are the live ones. Reads only in-memory figures (no file, no load);
+        raises the registry's errors for an id that is not registered.
+        """
+        running = self._running(sessions)
+        reservation = Reservation(self, self._check(self._estimate(avatar_id, running), running))
+        self._pending.append(reservation)
+        return reservation
+
+    def load_of(self, model: ModelHandle) -> SessionLoad:
+        """What a session on a held ``model`` costs per second."""
+        manifest = model.package.manifest
+        return self._load(model.model_id, model.device.index, manifest.fps, manifest.frame_size)
+
+    def _confirm(
+        self, reservation: Reservation, model: ModelHandle, sessions: Sequence[HoldsModel]
+    ) -> None:
+        self._release(reservation)
+        running = self._running(sessions)
+        reservation.load = self._check(self.load_of(model), running)
+        self._pending.append(reservation)
+
+    def _release(self, reservation: Reservation) -> None:
+        if reservation in self._pending:
+            self._pending.remove(reservation)
+
+    def _running(self, sessions: Sequence[HoldsModel]) -> list[SessionLoad]:
+        """The live sessions' loads and the places reserved by sessions being set up."""
+        return [self.load_of(s.model) for s in sessions] + [r.load for r in self._pending]
+
+    def _check(self, new: SessionLoad, running: Sequence[SessionLoad]) -> SessionLoad:
+        reason = refusal(self.budget(), running, new)
+        if reason is not None:
+            logger.info("session refused: %s", reason)
+            raise SessionLimitError(f"no room for another session: {reason}; try again later")
+        return new
+
+    def _estimate(self, avatar_id: str, running: Sequence[SessionLoad]) -> SessionLoad:
+        """The cost of a session of ``avatar_id`` before its model is held."""
+        model = self._core.registry.entry(avatar_id).model
+        if model is not None:
+            manifest = model.package.manifest
+            return self._load(avatar_id, model.device.index, manifest.fps, manifest.frame_size)
+        device = self._placement(avatar_id, running)
+        return self._load(avatar_id, device, DEFAULT_FPS, DEFAULT_FRAME_SIZE)
+
+    def _load(
+        self, model_id: str, device: int, fps: int, frame_size: tuple[int, int]
+    ) -> SessionLoad:
+        ms, measured = self._ms_per_frame(model_id, device)
+        inference = ms * fps * SPEECH_DUTY
+        cpu = self._cpu_ms(frame_size) * fps
+        if self._core.devices[device].kind == "cpu":
+            cpu += inference  # the same cores
+        return SessionLoad(device, inference, cpu, measured)
+
+    def _placement(self, avatar_id: str, running: Sequence[SessionLoad]) -> int:
+        """Where a model that is not loaded will probably go (confirm checks the truth)."""
+        configured = self._settings.registry.models.get(avatar_id)
+        devices = self.budget().devices
+        preferred = configured.preferred_device if configured is not None else None
+        if preferred is not None and preferred < len(devices):
+            return preferred
+        used = [0.0] * len(devices)
+        for load in running:
+            used[load.device] += load.inference_ms
+        return max(range(len(devices)), key=lambda i: devices[i].ms - used[i])
+
+    def _ms_per_frame(self, model_id: str, device: int) -> tuple[float, bool]:
+        """The model's measured ms per frame, else an estimate (second item False)."""
+        model = self._core.registry.entry(model_id).model
+        if model is not None and model.device.index == device:
+            stats = model.stats()
+            if stats.frames:
+                return stats.mean_ms_per_frame, True
+        ran = self._core.schedulers[device].stats()
+        frames = sum(size * count for size, count in ran.batch_sizes.items())
+        if frames:
+            return ran.busy_seconds * 1000.0 / frames, False
+        return self._settings.server.inference_ms_per_frame_estimate, False
+
+    def _cpu_ms(self, frame_size: tuple[int, int]) -> float:
+        server = self._settings.server
+        return cpu_ms_per_frame(
+            frame_size, self._settings.video.preset, server.cpu_ms_per_session_frame
+        )

@@ -1,0 +1,275 @@
+"""Creates sessions from SDP offers, finds them by id, and ends them.
+
+The manager owns what sessions share: the background-frame cache, one audio encoder per
+avatar, the H.264 encoder factory and the compositing thread pool. It holds every live
+session and closes them all on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+
+from compositor.background_cache import AvatarFrames, BackgroundCache
+from config.settings import Settings
+from inference_core.features.encoder import AudioEncoder
+from inference_core.serving.core import InferenceCore
+from inference_core.serving.handle import ModelHandle
+from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
+from streaming.live.admission import AdmissionControl, usable_cpus
+from streaming.live.session import Session
+from streaming.webrtc.offer_check import OfferInfo
+from streaming.webrtc.video_encoder import (
+    EncoderFactory,
+    install_encoder,
+    negotiated_codec,
+    prefer_h264,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_CACHED_AUDIO_ENCODERS = 64
+
+
+def ice_configuration(settings: Settings) -> RTCConfiguration:
+    """ICE servers from the settings; none by default (``None`` would mean Google's STUN)."""
+    servers = [
+        RTCIceServer(
+            urls=list(server.urls),
+            username=server.username,
+            credential=server.credential.get_secret_value() if server.credential else None,
+        )
+        for server in settings.server.ice_servers
+    ]
+    return RTCConfiguration(iceServers=servers)
+
+
+@dataclass
+class SessionCounters:
+    """Totals since start-up (live sessions' frames are added when they end)."""
+
+    started: int = 0
+    ended: int = 0
+    rejected: int = 0  # refused at capacity or while shutting down
+    failed: int = 0  # offers that could not be answered
+    frames_sent: int = 0
+    frames_inferred: int = 0
+    frames_dropped: dict[str, int] = field(default_factory=dict)
+    ended_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class SessionManager:
+    """All live sessions of the server.
+
+    ``on_frame_ready`` is handed to every session created while it is set (an observer
+    may set it after construction): see :class:`Session`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        core: InferenceCore,
+        *,
+        on_frame_ready: Callable[[float], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.core = core
+        self.on_frame_ready = on_frame_ready
+        self.cache = BackgroundCache(settings.cache.background_cache_bytes)
+        self.encoders = EncoderFactory(settings.video)
+        # One thread per usable core: the jobs are short CPU work (features, crop,
+        # paste), so more threads only add switches. Python's default (cores + 4)
+        # cost ≈10% more CPU per frame with 3 live 720p calls on 2 cores (12.4 and
+        # 11.2 vs 13.1 and 13.0 ms per frame, two runs each).
+        self.compose_threads = usable_cpus()
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.compose_threads, thread_name_prefix="lipstream-compose"
+        )
+        self._sessions: dict[str, Session] = {}
+        # Audio-encoder sessions by avatar, most recently used last; bounded so that
+        # hundreds of avatars do not pin hundreds of ONNX sessions (live sessions keep
+        # their own reference, so dropping one here never breaks a call).
+        self._audio_encoders: OrderedDict[str, AudioEncoder | None] = OrderedDict()
+        self._creating = 0
+        self._closing = False
+        self.counters = SessionCounters()
+        self.admission = AdmissionControl(settings, core)
+
+    def totals(self) -> SessionCounters:
+        """Counters including the live sessions' frames so far."""
+        live = self.sessions
+        dropped = dict(self.counters.frames_dropped)
+        for session in live:
+            for reason, count in session.stats.frames_dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + count
+        return SessionCounters(
+            started=self.counters.started,
+            ended=self.counters.ended,
+            rejected=self.counters.rejected,
+            failed=self.counters.failed,
+            frames_sent=self.counters.frames_sent + sum(s.video.frames_sent for s in live),
+            frames_inferred=self.counters.frames_inferred
+            + sum(s.stats.frames_inferred for s in live),
+            frames_dropped=dropped,
+            ended_by_reason=dict(self.counters.ended_by_reason),
+        )
+
+    @property
+    def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFoundError(f"no live session {session_id[:64]!r}")
+        return session
+
+    async def create(
+        self, sdp: str, offer: OfferInfo, avatar_id: str, remote: str | None
+    ) -> Session:
+        """Answer a checked offer for ``avatar_id``; the session is live once ICE connects.
+
+        Raises ``SessionLimitError`` at capacity, avatar errors for unknown ids,
+        ``OfferError`` for offers aiortc cannot take.
+        """
+        if self._closing:
+            self.counters.rejected += 1
+            raise SessionLimitError("the server is shutting down")
+        try:  # before any load or connection: a full server answers at once
+            reservation = self.admission.reserve(avatar_id, self.sessions)
+        except SessionLimitError:
+            self.counters.rejected += 1
+            raise
+        self._creating += 1
+        try:
+            model = await self.core.open(avatar_id)
+            try:  # again with the model's real device, fps and frame size
+                reservation.confirm(model, self.sessions)
+            except SessionLimitError:
+                model.close()
+                self.counters.rejected += 1
+                raise
+            try:
+                session = await self._answer(model, sdp, offer, remote)
+            except BaseException:
+                model.close()
+                self.counters.failed += 1
+                raise
+            self.counters.started += 1
+            return session
+        finally:
+            self._creating -= 1
+            reservation.release()
+
+    async def _answer(
+        self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None
+    ) -> Session:
+        package = model.package
+        audio_encoder = await self._audio_encoder(package.avatar_id, model)
+        frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
+        pc = RTCPeerConnection(ice_configuration(self.settings))
+        session = Session(
+            secrets.token_urlsafe(16),
+            pc,
+            model,
+            frames,
+            audio_encoder,
+            self.settings,
+            self.executor,
+            remote=remote,
+            on_closed=self._forget,
+            on_frame_ready=self.on_frame_ready,
+        )
+        try:
+            # Send only what the offer has a section for (aiortc cannot answer an extra one).
+            video_sender = pc.addTrack(session.video)
+            if "audio" in offer.kinds:
+                pc.addTrack(session.audio)
+            video_transceiver = next(t for t in pc.getTransceivers() if t.sender is video_sender)
+            # H.264 when the caller can decode it; otherwise aiortc negotiates VP8.
+            if offer.offers_h264:
+                prefer_h264(video_transceiver)
+
+            @pc.on("track")
+            def on_track(track: object) -> None:
+                session.add_remote_track(track)  # type: ignore[arg-type]
+
+            @pc.on("connectionstatechange")
+            async def on_state() -> None:
+                state = pc.connectionState
+                if state == "connected":
+                    session.state = "connected"
+                elif state in ("failed", "closed"):
+                    await session.close(f"connection {state}")
+
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+                await pc.setLocalDescription(await pc.createAnswer())
+            except Exception as exc:
+                # aiortc raises many types on a bad SDP (docs/architecture.md §6)
+                raise OfferError(f"the offer cannot be answered: {exc!r}"[:500]) from exc
+            if not pc.getTransceivers() or all(t.mid is None for t in pc.getTransceivers()):
+                raise OfferError("the offer has no audio or video section")
+            negotiated = negotiated_codec(video_transceiver)
+            codec = negotiated.mimeType if negotiated is not None else None
+            if negotiated is not None:
+                w, h = package.manifest.frame_size
+                encoder = self.encoders.create(w, h, package.manifest.fps)
+                install_encoder(video_sender, encoder, negotiated)
+            session.preload_frames()
+            session.watch_connection(self.settings.session.ice_timeout_s)
+            session.watch_idle(self.settings.session.idle_timeout_s)
+        except BaseException:
+            await session.close("offer failed")
+            raise
+        self._sessions[session.session_id] = session
+        logger.info(
+            "session created: session=%s avatar=%s remote=%s video_codec=%s",
+            session.session_id,
+            package.avatar_id,
+            remote,
+            codec,
+        )
+        return session
+
+    async def _audio_encoder(self, avatar_id: str, model: ModelHandle) -> AudioEncoder | None:
+        cache = self._audio_encoders
+        if avatar_id in cache:
+            cache.move_to_end(avatar_id)
+            return cache[avatar_id]
+        path = model.package.encoder_path
+        encoder = None
+        if model.spec.audio_feature == "ave" and path is not None:
+            encoder = await asyncio.to_thread(AudioEncoder.from_path, path)
+        cache[avatar_id] = encoder
+        while len(cache) > MAX_CACHED_AUDIO_ENCODERS:
+            cache.popitem(last=False)
+        return encoder
+
+    def _forget(self, session: Session) -> None:
+        if self._sessions.pop(session.session_id, None) is None:
+            return  # never went live (the offer failed)
+        c = self.counters
+        c.ended += 1
+        c.frames_sent += session.video.frames_sent
+        c.frames_inferred += session.stats.frames_inferred
+        for reason, count in session.stats.frames_dropped.items():
+            c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
+        reason = session.end_reason or "unknown"
+        c.ended_by_reason[reason] = c.ended_by_reason.get(reason, 0) + 1
+
+    async def close(self, session_id: str, reason: str = "hung up") -> None:
+        await self.get(session_id).close(reason)
+
+    async def close_all(self) -> None:
+        """End every session (shutdown) and stop the compositing threads."""
+        self._closing = True
+        await asyncio.gather(*(s.close("server shutdown") for s in self.sessions))
+        await asyncio.to_thread(self.executor.shutdown, wait=True)

@@ -1,0 +1,111 @@
+"""A session's audio timeline: 48 kHz mono, one 20 ms chunk per tick, from every source.
+
+Sources are the caller's WebRTC microphone (a short jitter buffer) and audio pushed over
+HTTP or spoken by text-to-speech (a queue played in real time). Each tick mixes what is
+there into one chunk; silence fills the gaps, so the timeline never stalls and the
+avatar idles when nobody speaks. Both buffers are bounded: a microphone that runs ahead
+loses its oldest samples (no latency build-up), and a push beyond the queue limit is
+refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import numpy as np
+
+from streaming.audio_in.exceptions import AudioQueueFullError
+from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE
+
+logger = logging.getLogger(__name__)
+
+
+class _SampleQueue:
+    """FIFO of float32 samples in blocks; taking is O(blocks touched)."""
+
+    def __init__(self) -> None:
+        self._blocks: deque[np.ndarray] = deque()
+        self._offset = 0  # samples already taken from the first block
+        self.size = 0
+
+    def put(self, samples: np.ndarray) -> None:
+        if len(samples):
+            self._blocks.append(samples)
+            self.size += len(samples)
+
+    def take_into(self, out: np.ndarray) -> int:
+        """Add up to ``len(out)`` queued samples into ``out``; return how many."""
+        filled = 0
+        while filled < len(out) and self._blocks:
+            block = self._blocks[0]
+            n = min(len(out) - filled, len(block) - self._offset)
+            out[filled : filled + n] += block[self._offset : self._offset + n]
+            filled += n
+            self._offset += n
+            if self._offset == len(block):
+                self._blocks.popleft()
+                self._offset = 0
+        self.size -= filled
+        return filled
+
+    def drop_oldest(self, count: int) -> None:
+        self.take_into(np.zeros(count, dtype=np.float32))
+
+    def clear(self) -> int:
+        dropped = self.size
+        self._blocks.clear()
+        self._offset = 0
+        self.size = 0
+        return dropped
+
+
+class AudioMixer:
+    """Mixes microphone and pushed audio into 20 ms chunks at 48 kHz (float32 mono)."""
+
+    def __init__(self, *, max_inbound_ms: float = 200.0, max_pushed_s: float = 120.0) -> None:
+        self._inbound = _SampleQueue()
+        self._pushed = _SampleQueue()
+        self._max_inbound = int(OUT_RATE * max_inbound_ms / 1000)
+        self._max_pushed = int(OUT_RATE * max_pushed_s)
+        self.inbound_dropped_samples = 0
+        self.underruns = 0  # ticks where the microphone had less than a chunk
+
+    def feed_inbound(self, samples: np.ndarray) -> None:
+        """Add microphone samples (float32 mono 48 kHz) as they arrive."""
+        self._inbound.put(np.asarray(samples, dtype=np.float32))
+        excess = self._inbound.size - self._max_inbound
+        if excess > 0:  # the caller's audio runs ahead of our clock: keep the newest
+            self._inbound.drop_oldest(excess)
+            self.inbound_dropped_samples += excess
+
+    def push(self, samples: np.ndarray) -> float:
+        """Queue audio to be played in real time; returns the seconds now queued.
+
+        Raises :class:`AudioQueueFullError` when the queue would exceed its limit.
+        """
+        if self._pushed.size + len(samples) > self._max_pushed:
+            raise AudioQueueFullError(
+                f"{len(samples) / OUT_RATE:.1f} s of audio would exceed the session's queue of "
+                f"{self._max_pushed / OUT_RATE:.0f} s ({self.pushed_seconds:.1f} s queued); "
+                "wait for it to play or interrupt"
+            )
+        self._pushed.put(np.asarray(samples, dtype=np.float32))
+        return self.pushed_seconds
+
+    @property
+    def pushed_seconds(self) -> float:
+        return self._pushed.size / OUT_RATE
+
+    def clear_pushed(self) -> float:
+        """Drop all queued pushed audio; returns the seconds dropped."""
+        return self._pushed.clear() / OUT_RATE
+
+    def next_chunk(self) -> np.ndarray:
+        """The next 20 ms of the timeline (consumes from both sources)."""
+        chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+        if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
+            self.underruns += 1
+        self._pushed.take_into(chunk)
+        np.clip(chunk, -1.0, 1.0, out=chunk)
+        return chunk

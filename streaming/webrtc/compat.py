@@ -1,0 +1,200 @@
+"""Every use of aiortc and aioice internals, in one place.
+
+aiortc has no public way to do a few things lipstream needs: give a sender our own H.264
+encoder (and read its bitrate back), see which codec a transceiver negotiated, stop an
+ICE consent task that would outlive its connection, and gather only loopback candidates
+in a sandbox. Each private attribute or hook used for that is listed in
+:data:`INTERNALS` and reached only through the functions here; no other module touches
+aiortc's or aioice's private state (``docs/architecture.md`` §6).
+
+:func:`missing_internals` builds a real peer connection and lists what the installed
+aiortc/aioice no longer has; ``tests/test_webrtc_compat.py`` fails naming each one, and
+the server logs them at start (:func:`report_missing_internals`). ``pyproject.toml``
+pins aiortc and aioice to the versions in :data:`TESTED_VERSIONS`: an upgrade is a
+change to review here first.
+
+The consent-task leak: aioice (0.13) starts its consent-freshness task (RFC 7675) at the
+end of ``Connection.connect()``, and aiortc runs that ``connect()`` in a task that
+``RTCPeerConnection.close()`` does not cancel. A call hung up while ICE is finishing
+(the caller hangs up at once, an ICE timeout, a DELETE during set-up) therefore gets its
+consent task created *after* the connection closed: nothing cancels it, and it wakes
+every ~5 s for the life of the process, holding the connection's objects (one such task
+per side for every call hung up during ICE; tests/test_cycles.py).
+:func:`close_peer_connection` makes a consent check that starts after the close a no-op
+before closing; a check already running is cancelled by aioice's own ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aioice
+import aioice.ice
+from aiortc import RTCPeerConnection, RTCRtpCodecParameters, RTCRtpSender, RTCRtpTransceiver
+from aiortc.codecs.h264 import H264Encoder
+
+logger = logging.getLogger(__name__)
+
+#: The releases whose internals this module was written and tested against.
+TESTED_VERSIONS = {"aiortc": "1.16.0", "aioice": "0.13.0"}
+
+_SENDER_ENCODER = "_RTCRtpSender__encoder"  # name-mangled ``RTCRtpSender.__encoder``
+_RECEIVER_CODECS = "_RTCRtpReceiver__codecs"  # name-mangled ``RTCRtpReceiver.__codecs``
+_TRANSCEIVER_CODECS = "_codecs"
+_ICE_CONNECTION = "_connection"
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One private attribute or hook of aiortc/aioice that lipstream relies on."""
+
+    owner: str
+    name: str
+    used_for: str
+
+
+INTERNALS: tuple[Internal, ...] = (
+    Internal("aiortc.RTCRtpSender", _SENDER_ENCODER, "install our H.264 encoder; read its bitrate"),
+    Internal("aiortc.RTCRtpTransceiver", _TRANSCEIVER_CODECS, "the codec a transceiver negotiated"),
+    Internal("aiortc.RTCRtpReceiver", _RECEIVER_CODECS, "the codecs a receiver accepts"),
+    Internal("aiortc.RTCIceTransport", _ICE_CONNECTION, "its aioice Connection (consent checks)"),
+    Internal("aioice.Connection", "query_consent", "made a no-op once a connection closes"),
+    Internal("aioice.ice", "get_host_addresses", "gather loopback candidates only"),
+    # LipstreamH264Encoder subclasses aiortc's encoder: it overrides the per-frame encode,
+    # calls the packetizer and keeps the codec and the packetizer's buffers in step.
+    Internal("aiortc.codecs.h264.H264Encoder", "_encode_frame", "our codec per frame"),
+    Internal("aiortc.codecs.h264.H264Encoder", "_split_bitstream", "NAL units of our bitstream"),
+    Internal("aiortc.codecs.h264.H264Encoder", "codec", "the open codec, re-opened on resize"),
+    Internal("aiortc.codecs.h264.H264Encoder", "buffer_data", "reset with the codec"),
+    Internal("aiortc.codecs.h264.H264Encoder", "buffer_pts", "reset with the codec"),
+)
+
+
+def installed_versions() -> dict[str, str]:
+    """The installed aiortc and aioice versions."""
+    return {name: importlib.metadata.version(name) for name in TESTED_VERSIONS}
+
+
+async def missing_internals() -> list[Internal]:
+    """The entries of :data:`INTERNALS` the installed aiortc/aioice do not have.
+
+    Builds (and closes) a peer connection with one video transceiver, so instance
+    attributes set in constructors are checked on real objects.
+    """
+    pc = RTCPeerConnection()
+    try:
+        transceiver = pc.addTransceiver("video")
+        ice_transport = transceiver.receiver.transport.transport
+        objects: dict[str, object] = {
+            "aiortc.RTCRtpSender": transceiver.sender,
+            "aiortc.RTCRtpTransceiver": transceiver,
+            "aiortc.RTCRtpReceiver": transceiver.receiver,
+            "aiortc.RTCIceTransport": ice_transport,
+            "aioice.Connection": aioice.Connection,
+            "aioice.ice": aioice.ice,
+            "aiortc.codecs.h264.H264Encoder": H264Encoder(),
+        }
+        return [i for i in INTERNALS if not hasattr(objects[i.owner], i.name)]
+    finally:
+        await pc.close()
+
+
+async def report_missing_internals() -> None:
+    """Log, as an error naming each one, the internals this aiortc/aioice lacks (at start)."""
+    missing = await missing_internals()
+    if missing:
+        logger.error(
+            "aiortc %s / aioice %s lack internals lipstream uses (tested with %s): %s; "
+            "calls will fail until streaming.webrtc.compat is updated",
+            *installed_versions().values(),
+            TESTED_VERSIONS,
+            "; ".join(f"{m.owner}.{m.name} ({m.used_for})" for m in missing),
+        )
+
+
+# -- senders and transceivers ---------------------------------------------------------
+
+
+def sender_encoder(sender: RTCRtpSender) -> object | None:
+    """The encoder ``sender`` encodes with (None until aiortc makes one, or for audio)."""
+    return getattr(sender, _SENDER_ENCODER, None)
+
+
+def install_sender_encoder(sender: RTCRtpSender, encoder: object) -> None:
+    """Make ``sender`` encode with ``encoder``: aiortc creates its own only if none is set.
+
+    Raises ``RuntimeError`` naming the attribute if this aiortc keeps its encoder elsewhere.
+    """
+    if not hasattr(sender, _SENDER_ENCODER):
+        raise RuntimeError(
+            f"aiortc {installed_versions()['aiortc']}'s RTCRtpSender has no {_SENDER_ENCODER} "
+            f"attribute (tested with {TESTED_VERSIONS['aiortc']}): streaming.webrtc.compat "
+            "must be updated for this aiortc version"
+        )
+    setattr(sender, _SENDER_ENCODER, encoder)
+
+
+def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
+    """The codecs ``transceiver`` negotiated, the one its sender sends with first."""
+    return list(getattr(transceiver, _TRANSCEIVER_CODECS, None) or [])
+
+
+def receiver_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
+    """The codecs ``transceiver``'s receiver accepts, by payload type order."""
+    codecs: dict[int, RTCRtpCodecParameters] = getattr(transceiver.receiver, _RECEIVER_CODECS)
+    return list(codecs.values())
+
+
+# -- closing --------------------------------------------------------------------------
+
+
+async def _no_consent_checks() -> None:
+    """Stands in for ``Connection.query_consent`` once the connection is closing."""
+
+
+def _ice_connections(pc: RTCPeerConnection) -> list[Any]:
+    """The aioice connections under ``pc``'s transports (one per transport, BUNDLE or not)."""
+    ice_transports = [t.receiver.transport.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        ice_transports.append(pc.sctp.transport.transport)
+    connections: dict[int, Any] = {}
+    for ice_transport in ice_transports:
+        connection = getattr(ice_transport, _ICE_CONNECTION, None)
+        if connection is not None:
+            connections[id(connection)] = connection
+    return list(connections.values())
+
+
+async def close_peer_connection(pc: RTCPeerConnection) -> None:
+    """``pc.close()``, plus: no ICE consent task may start on it afterwards."""
+    for connection in _ice_connections(pc):
+        connection.query_consent = _no_consent_checks
+    await pc.close()
+
+
+# -- ICE candidates -------------------------------------------------------------------
+
+
+def _loopback_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    return ["127.0.0.1"]
+
+
+@contextlib.contextmanager
+def loopback_only_ice() -> Iterator[None]:
+    """While open, every new ICE agent gathers only a 127.0.0.1 host candidate.
+
+    aioice skips loopback addresses and has no per-connection setting for it: it asks the
+    module function ``aioice.ice.get_host_addresses``, swapped here and put back on exit
+    (``server.ice_loopback_only``, the tests, the benchmarks' load client).
+    """
+    original = aioice.ice.get_host_addresses
+    aioice.ice.get_host_addresses = _loopback_addresses
+    try:
+        yield
+    finally:
+        aioice.ice.get_host_addresses = original

@@ -1,0 +1,184 @@
+"""The ``lipstream`` command line.
+
+    lipstream serve [--host H] [--port P]
+    lipstream render --avatar demo --audio speech.wav --out out.mp4
+    lipstream avatar validate DIR
+    lipstream avatar list | lipstream avatar demo
+    lipstream model bench-unet --out unet.onnx [--width W]
+    lipstream token mint --avatar ID [--ttl SECONDS]
+    lipstream config check [--config FILE]
+
+Exit status: 0 success, 1 the work failed (message on stderr), 2 bad usage or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from config.loader import ConfigError, apply_cli_overrides, dump_settings, load_settings
+from config.settings import Settings
+from inference_core.assets.benchmark_model import build_benchmark_unet, estimate_macs
+from inference_core.assets.builtin import avatar_locator
+from inference_core.avatars.package import check_avatar_id
+from inference_core.avatars.validation import validate_package
+from streaming.offline.render import RenderOptions, render_file
+from web.app import serve
+from web.errors import LIBRARY_ERRORS
+from web.log_format import configure_logging
+from web.session_tokens import mint_token
+
+logger = logging.getLogger("lipstream")
+
+SAMPLE_AUDIO = Path(__file__).parent.parent / "static" / "sample.wav"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lipstream", description="Real-time talking-avatar server and tools."
+    )
+    parser.add_argument(
+        "--config", type=Path, help="YAML settings file (default: $LIPSTREAM_CONFIG or built-in)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server (built-in demo avatar by default)")
+    serve.add_argument("--host", help="listen address (default: server.host)")
+    serve.add_argument("--port", type=int, help="listen port (default: server.port)")
+
+    render = sub.add_parser("render", help="render an audio file to a lip-synced mp4")
+    render.add_argument("--avatar", default="demo", help="avatar id (default: demo)")
+    render.add_argument(
+        "--audio", type=Path, default=SAMPLE_AUDIO, help="audio file (any format; default: sample)"
+    )
+    render.add_argument("--out", type=Path, required=True, help="output .mp4 path")
+    render.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    avatar = sub.add_parser("avatar", help="avatar packages")
+    avatar_sub = avatar.add_subparsers(dest="avatar_command", required=True)
+    validate = avatar_sub.add_parser("validate", help="check a package and list every problem")
+    validate.add_argument("directory", type=Path)
+    avatar_sub.add_parser("list", help="list the avatar ids under the avatar root")
+    avatar_sub.add_parser("demo", help="generate the built-in demo avatar; print its path")
+
+    model = sub.add_parser("model", help="model tools")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    bench = model_sub.add_parser("bench-unet", help="write the UNet benchmark model (unet_328 I/O)")
+    bench.add_argument("--out", type=Path, required=True)
+    bench.add_argument("--width", type=int, default=None, help="channel width (default: ~4.9 GMAC)")
+
+    token = sub.add_parser("token", help="session tokens (when auth.jwt_secret is set)")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    mint = token_sub.add_parser("mint", help="print a signed session token for one avatar")
+    mint.add_argument("--avatar", required=True, help="avatar id the token is scoped to")
+    mint.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
+    mint.add_argument("--subject", help="optional sub claim (who the token is for)")
+
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub.add_parser("check", help="validate the settings and print the effective values")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lipstream`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        if args.command == "serve":
+            settings = apply_cli_overrides(settings, host=args.host, port=args.port)
+    except ConfigError as exc:
+        print(f"lipstream: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.logging.level, settings.logging.format)
+    try:
+        return _dispatch(args, settings)
+    except LIBRARY_ERRORS as exc:
+        print(f"lipstream: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "serve":
+        serve(settings)
+        return 0
+    if args.command == "render":
+        return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
+    if args.command == "avatar":
+        return _avatar(settings, args.avatar_command, getattr(args, "directory", None))
+    if args.command == "token":
+        try:
+            token = mint_token(
+                settings.auth, check_avatar_id(args.avatar), ttl_s=args.ttl, subject=args.subject
+            )
+        except ValueError as exc:
+            print(f"lipstream: {exc}", file=sys.stderr)
+            return 2
+        print(token)
+        return 0
+    if args.command == "model":
+        kwargs = {} if args.width is None else {"width": args.width}
+        path = build_benchmark_unet(args.out, **kwargs)
+        print(f"{path}: {estimate_macs(**kwargs):,} MAC per frame")
+        return 0
+    print(json.dumps(dump_settings(settings), indent=2))
+    return 0
+
+
+def _avatar(settings: Settings, command: str, directory: Path | None) -> int:
+    a = settings.avatars
+    locator = avatar_locator(a)
+    if command == "validate":
+        assert directory is not None
+        problems = validate_package(directory)
+        if problems:
+            print(f"{directory}: {len(problems)} problem(s)")
+            for problem in problems:
+                print(f"  - {problem}")
+            return 1
+        print(f"{directory}: ok")
+        return 0
+    if command == "list":
+        for avatar_id in locator.list_ids():
+            print(avatar_id)
+        return 0
+    print(locator.locate("demo"))
+    return 0
+
+
+def _render(settings: Settings, avatar_id: str, audio: Path, out: Path, *, progress: bool) -> int:
+    a = settings.avatars
+    package = avatar_locator(a).load(avatar_id)
+    options = RenderOptions(
+        right_context=settings.audio.right_context,
+        vad_threshold_db=settings.audio.vad_threshold_db,
+        hangover_frames=settings.audio.hangover_frames,
+        blend_frames=settings.audio.blend_frames,
+        max_batch_size=settings.batching.max_batch_size,
+        preset=settings.video.preset,
+        cache_bytes=settings.cache.background_cache_bytes,
+    )
+    with tqdm(
+        total=1, unit="frame", disable=not progress or not sys.stderr.isatty(), file=sys.stderr
+    ) as bar:
+
+        def report(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = render_file(package, audio, out, options, progress=report)
+    print(
+        f"wrote {result.path}: {result.frames} frames at {result.fps} fps "
+        f"({result.duration_s:.2f} s audio, {result.inferred_frames} frames lip-synced) "
+        f"in {result.seconds:.1f} s; live delay from the model's lookahead: "
+        f"{result.lookahead_ms:.0f} ms (audio.right_context={settings.audio.right_context})"
+    )
+    return 0
