@@ -4,7 +4,8 @@ Hierarchy::
 
     InferenceError                 root: a model cannot be loaded, fed or run
     ├── ModelLoadError             an ONNX file is missing, corrupt or does not fit its adapter
-    │   └── ModelOutOfMemoryError  the device ran out of memory while loading or warming up
+    │   ├── ModelOutOfMemoryError  the device ran out of memory while loading or warming up
+    │   └── LoadTimeoutError       the load took longer than allowed (it goes on in the background)
     ├── ModelInputError            tensors or samples do not have the shape or type needed
     ├── CapacityError              no device has room for the model (all loaded models in use)
     ├── ModelInUseError            the model is held by live sessions (cannot unload)
@@ -29,6 +30,10 @@ class ModelLoadError(InferenceError):
 
 class ModelOutOfMemoryError(ModelLoadError):
     """The device ran out of memory while a model was loaded or warmed up."""
+
+
+class LoadTimeoutError(ModelLoadError):
+    """A load took longer than ``registry.load_timeout_s``; it keeps loading in the background."""
 
 
 class ModelInputError(InferenceError):

@@ -10,6 +10,7 @@ microphone plays espeak-ng speech in a loop; its voice processing is turned off 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -154,8 +155,8 @@ def _session(server: TestServer) -> dict[str, Any]:
     """The summary of the server's one live session."""
     assert server.app is not None
     sessions = server.app[SESSIONS].sessions
-    assert len(sessions) == 1, [session.summary() for session in sessions]
-    return sessions[0].summary()
+    assert len(sessions) == 1, [session.snapshot() for session in sessions]
+    return dataclasses.asdict(sessions[0].snapshot())
 
 
 async def _wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import shutil
 import threading
 import tracemalloc
@@ -177,7 +176,7 @@ def _device_of(registry: ModelRegistry, model_id: str) -> str | None:
 
 
 def _loaded(registry: ModelRegistry) -> set[str]:
-    return {s.model_id for s in registry.model_stats() if s.state == "loaded"}
+    return {s.model_id for s in registry.model_snapshots() if s.state == "loaded"}
 
 
 def _requests(n: int, *, raw: bool, seed: int = 0) -> list[FrameRequest]:
@@ -330,14 +329,14 @@ async def test_capacity_by_bytes_uses_measured_sizes(make_registry: MakeRegistry
     clock.advance()
     await registry.load("b")
     clock.advance()
-    assert [s.memory_bytes for s in registry.model_stats() if s.state == "loaded"] == [
+    assert [s.memory_bytes for s in registry.model_snapshots() if s.state == "loaded"] == [
         40 * MIB,
         40 * MIB,
     ]
-    assert registry.device_stats()[0].memory_used_bytes == 80 * MIB
+    assert registry.device_models()[0].memory_bytes == 80 * MIB
     await registry.load("c")  # 80 + 40 (the mean measured size) > 100 MiB: "a" goes
     assert _loaded(registry) == {"b", "c"}
-    assert registry.device_stats()[0].memory_used_bytes == 80 * MIB
+    assert registry.device_models()[0].memory_bytes == 80 * MIB
 
 
 async def test_models_in_use_are_never_evicted(make_registry: MakeRegistry) -> None:
@@ -412,7 +411,7 @@ async def test_concurrent_acquires_share_one_load(make_registry: MakeRegistry) -
     assert models[0].refcount == 5
     for model in models:
         registry.release(model)
-    stats = {s.model_id: s for s in registry.model_stats()}["a"]
+    stats = {s.model_id: s for s in registry.model_snapshots()}["a"]
     assert (stats.refcount, stats.usage_count) == (0, 5)
     with pytest.raises(ValueError, match="released more often"):
         registry.release(models[0])
@@ -528,8 +527,8 @@ async def test_twelve_hundred_avatars_register_cheaply(tmp_path: Path) -> None:
     assert count == 1202  # 1,200 packages + demo + one id named only in the settings
     assert {"demo", "configured-only", "avatar-0000", "avatar-1199"} <= set(registry.ids())
     assert grown / count < 2048, f"{grown / count:.0f} bytes per registered avatar"
-    assert {s.state for s in registry.model_stats()} == {"registered"}
-    assert registry.device_stats()[0].models_loaded == 0
+    assert {s.state for s in registry.model_snapshots()} == {"registered"}
+    assert registry.device_models()[0].models_loaded == 0
     await registry.close()
 
 
@@ -543,7 +542,7 @@ async def test_stats_reflect_loads_usage_and_frames(make_registry: MakeRegistry)
         model.run_batch(
             [dataclasses.replace(_requests(1, raw=False)[0], audio=np.zeros(3, np.float32))]
         )
-    stats = {s.model_id: s for s in registry.model_stats()}
+    stats = {s.model_id: s for s in registry.model_snapshots()}
     a = stats["a"]
     assert a.state == "loaded"
     assert a.device == model.device.name
@@ -558,12 +557,8 @@ async def test_stats_reflect_loads_usage_and_frames(make_registry: MakeRegistry)
     assert a.load_seconds > 0
     assert stats["b"].state == "registered"
     assert stats["b"].device is None
-    json.dumps([dataclasses.asdict(s) for s in registry.model_stats()])
-    devices = {d.device: d for d in registry.device_stats()}
-    assert devices[model.device.name].models_loaded == 1
-    assert devices[model.device.name].memory_used_bytes == a.memory_bytes
-    assert devices[model.device.name].max_models == 64
-    json.dumps([dataclasses.asdict(d) for d in registry.device_stats()])
+    on_device = registry.device_models()[model.device.index]
+    assert (on_device.models_loaded, on_device.memory_bytes) == (1, a.memory_bytes)
 
 
 async def test_run_batch_matches_the_adapter(make_registry: MakeRegistry) -> None:

@@ -17,7 +17,6 @@ answers 504 and keeps loading in the background. :func:`add_admin_routes` also a
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import time
 from collections.abc import AsyncIterator
@@ -27,9 +26,8 @@ from typing import TypedDict
 
 from aiohttp import web
 
-from inference_core.exceptions import ModelLoadError
-from inference_core.serving.registry import ModelStats
-from streaming.live.session import AddedDelay
+from inference_core.exceptions import LoadTimeoutError
+from inference_core.serving.snapshot import DeviceSnapshot, ModelSnapshot
 from web.admin_auth import admin_only
 from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
 from web.errors import RequestError
@@ -111,6 +109,11 @@ Stats = TypedDict(
 )
 
 
+class AddedDelay(TypedDict):
+    p50: float
+    p95: float
+
+
 class SessionInfo(TypedDict):
     id: str
     avatar: str
@@ -130,38 +133,35 @@ def _iso(timestamp: float | None) -> str | None:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
 
 
-def _model(stats: ModelStats) -> Model:
+def _model(m: ModelSnapshot) -> Model:
     return Model(
-        id=stats.model_id,
-        state=stats.state,
-        device=stats.device,
-        memory_bytes=stats.memory_bytes,
-        usage_count=stats.usage_count,
-        frames=stats.frames,
-        total_inference_ms=round(stats.inference_ms_total, 3),
-        mean_inference_ms=round(stats.mean_ms_per_frame, 3),
-        last_used=_iso(stats.last_used),
-        loaded_at=_iso(stats.loaded_at),
-        load_seconds=None if stats.load_seconds is None else round(stats.load_seconds, 3),
-        last_error=stats.last_error,
-        refcount=stats.refcount,
+        id=m.model_id,
+        state=m.state,
+        device=m.device,
+        memory_bytes=m.memory_bytes,
+        usage_count=m.usage_count,
+        frames=m.frames,
+        total_inference_ms=round(m.inference_ms_total, 3),
+        mean_inference_ms=round(m.mean_ms_per_frame, 3),
+        last_used=_iso(m.last_used),
+        loaded_at=_iso(m.loaded_at),
+        load_seconds=None if m.load_seconds is None else round(m.load_seconds, 3),
+        last_error=m.last_error,
+        refcount=m.refcount,
     )
 
 
-def _models(request: web.Request) -> list[Model]:
-    return [_model(s) for s in request.app[CORE].registry.model_stats()]
-
-
-def _model_entry(request: web.Request, model_id: str) -> Model:
-    for stats in request.app[CORE].registry.model_stats():
-        if stats.model_id == model_id:
-            return _model(stats)
-    raise RequestError(404, "model_not_found", f"no model {model_id!r} is registered")
+async def _model_entry(request: web.Request, model_id: str) -> Model:
+    model = (await request.app[CORE].snapshot()).model(model_id)
+    if model is None:
+        raise RequestError(404, "model_not_found", f"no model {model_id!r} is registered")
+    return _model(model)
 
 
 async def list_models(request: web.Request) -> web.Response:
     """Every registered model, loaded or not."""
-    return web.json_response({"models": _models(request)})
+    snapshot = await request.app[CORE].snapshot()
+    return web.json_response({"models": [_model(m) for m in snapshot.models]})
 
 
 async def _device_index(request: web.Request) -> int | None:
@@ -185,27 +185,22 @@ async def _device_index(request: web.Request) -> int | None:
 
 async def load_model(request: web.Request) -> web.Response:
     """Load a model now (on ``device`` if given) and wait for it; a loaded model stays put."""
-    registry = request.app[CORE].registry
+    core = request.app[CORE]
     model_id = request.match_info["model_id"]
-    registry.entry(model_id)  # 400 for a malformed id, 404 for an unknown one
+    core.check_registered(model_id)  # 400 for a malformed id, 404 for an unknown one
     device = await _device_index(request)
     try:
-        await registry.load(model_id, device)
-    except ModelLoadError as exc:
-        # The registry gives up waiting after registry.load_timeout_s but the load goes
-        # on: a timeout is the one ModelLoadError that leaves the model "loading".
-        if registry.entry(model_id).state != "loading":
-            raise
+        await core.load(model_id, device)
+    except LoadTimeoutError as exc:  # the load goes on in the background
         raise RequestError(504, "load_timeout", str(exc)) from None
-    return web.json_response(_model_entry(request, model_id))
+    return web.json_response(await _model_entry(request, model_id))
 
 
 async def unload_model(request: web.Request) -> web.Response:
     """Unload a model that nobody holds (409 while sessions use it)."""
-    registry = request.app[CORE].registry
     model_id = request.match_info["model_id"]
-    await registry.unload(model_id)
-    return web.json_response(_model_entry(request, model_id))
+    await request.app[CORE].unload(model_id)
+    return web.json_response(await _model_entry(request, model_id))
 
 
 def _merge(counts: dict[str, int], reason: str, count: int) -> None:
@@ -213,46 +208,42 @@ def _merge(counts: dict[str, int], reason: str, count: int) -> None:
         counts[reason] = counts.get(reason, 0) + count
 
 
+def _device(d: DeviceSnapshot) -> DeviceInfo:
+    s = d.scheduler
+    return DeviceInfo(
+        name=d.name,
+        kind=d.kind,
+        models_loaded=d.models_loaded,
+        memory_used_bytes=d.model_memory_bytes,
+        memory_total_bytes=d.memory_total_bytes,
+        queue_depth=s.queue_depth,
+        batches=s.batches,
+        frames=sum(w.frames for w in s.workers),
+        busy_fraction=round(s.busy_fraction, 4),
+        mean_batch_size=round(s.mean_batch_size, 3),
+        expired=s.expired,
+        rejected=s.rejected,
+        workers_restarted=s.workers_restarted,
+        workers=[
+            Worker(
+                name=w.name,
+                batches=w.batches,
+                frames=w.frames,
+                busy_seconds=round(w.busy_seconds, 3),
+            )
+            for w in s.workers
+        ],
+    )
+
+
 async def stats(request: web.Request) -> web.Response:
     """Models, devices, the background cache and server-wide totals in one snapshot."""
     app = request.app
-    core, sessions = app[CORE], app[SESSIONS]
-    models = _models(request)
-    probe = app[CORE].registry.memory_probe
-    totals_by_device = await asyncio.to_thread(lambda: [probe.total_bytes(d) for d in core.devices])
-    devices: list[DeviceInfo] = []
-    for device, held, scheduler, total in zip(
-        core.devices, core.registry.device_stats(), core.schedulers, totals_by_device, strict=True
-    ):
-        s = scheduler.stats()
-        devices.append(
-            DeviceInfo(
-                name=device.name,
-                kind=device.kind,
-                models_loaded=held.models_loaded,
-                memory_used_bytes=held.memory_used_bytes,
-                memory_total_bytes=total,
-                queue_depth=s.queue_depth,
-                batches=s.batches,
-                frames=sum(w.frames for w in s.workers),
-                busy_fraction=round(s.busy_fraction, 4),
-                mean_batch_size=round(s.mean_batch_size, 3),
-                expired=s.expired,
-                rejected=s.rejected,
-                workers_restarted=s.workers_restarted,
-                workers=[
-                    Worker(
-                        name=w.name,
-                        batches=w.batches,
-                        frames=w.frames,
-                        busy_seconds=round(w.busy_seconds, 3),
-                    )
-                    for w in s.workers
-                ],
-            )
-        )
-    c = sessions.cache.stats()
-    totals = sessions.totals()
+    core = await app[CORE].snapshot()
+    live = app[SESSIONS].snapshot()
+    models = [_model(m) for m in core.models]
+    devices = [_device(d) for d in core.devices]
+    totals = live.totals
     # A session's DeadlineExceededError / QueueFullError drops are the same frames the
     # schedulers count as expired / rejected (which also cover the raw API): count once.
     dropped = {
@@ -262,6 +253,7 @@ async def stats(request: web.Request) -> web.Response:
     }
     _merge(dropped, "expired", sum(d["expired"] for d in devices))
     _merge(dropped, "rejected", sum(d["rejected"] for d in devices))
+    c = live.cache
     payload: Stats = {
         "models": models,
         "devices": devices,
@@ -277,13 +269,13 @@ async def stats(request: web.Request) -> web.Response:
         "global": Global(
             models_registered=len(models),
             models_loaded=sum(1 for m in models if m["state"] == "loaded"),
-            live_sessions=len(sessions.sessions),
+            live_sessions=totals.live,
             sessions_started=totals.started,
             sessions_ended=totals.ended,
             sessions_rejected=totals.rejected,
             frames_served=totals.frames_sent,
             frames_dropped=dropped,
-            evictions={str(k): v for k, v in core.registry.evictions.items()},
+            evictions={str(k): v for k, v in core.evictions.items()},
             uptime_s=round(time.monotonic() - app[STARTED_AT], 1),
             version=_version(),
         ),
@@ -300,23 +292,21 @@ def _version() -> str:
 
 async def list_sessions(request: web.Request) -> web.Response:
     """Every live session with its output rate, added delay and A/V offset."""
-    infos: list[SessionInfo] = []
-    for session in request.app[SESSIONS].sessions:
-        s = session.summary()
-        infos.append(
-            SessionInfo(
-                id=s["session_id"],
-                avatar=s["avatar"],
-                state=s["state"],
-                uptime_s=s["uptime_s"],
-                output_fps=s["output_fps"],
-                added_delay_ms=s["added_delay_ms"],
-                av_offset_ms=s["av_offset_ms"],
-                frames_dropped=s["frames_dropped"],
-                bitrate_bps=s["bitrate_bps"],
-                remote=s["remote"],
-            )
+    infos = [
+        SessionInfo(
+            id=s.session_id,
+            avatar=s.avatar,
+            state=s.state,
+            uptime_s=s.uptime_s,
+            output_fps=s.output_fps,
+            added_delay_ms={"p50": s.added_delay_ms.p50, "p95": s.added_delay_ms.p95},
+            av_offset_ms=s.av_offset_ms,
+            frames_dropped=s.frames_dropped,
+            bitrate_bps=s.bitrate_bps,
+            remote=s.remote,
         )
+        for s in request.app[SESSIONS].snapshot().sessions
+    ]
     return web.json_response({"sessions": infos})
 
 

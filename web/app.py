@@ -118,10 +118,10 @@ async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSigna
     started = loop.time()
     logger.info(
         "draining: %d live sessions; new offers get 503; waiting up to %.0f s for them to end",
-        len(sessions.sessions),
+        sessions.live_count,
         timeout_s,
     )
-    ended = asyncio.create_task(_sessions_ended(sessions), name="drain-sessions-ended")
+    ended = asyncio.create_task(sessions.wait_until_empty(), name="drain-sessions-ended")
     again = asyncio.create_task(signals.wait(), name="drain-second-signal")
     try:
         await asyncio.wait({ended, again}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
@@ -139,15 +139,8 @@ async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSigna
         "drain over after %.1f s (%s): closing %d sessions and stopping",
         loop.time() - started,
         why,
-        len(sessions.sessions),
+        sessions.live_count,
     )
-
-
-async def _sessions_ended(sessions: SessionManager) -> None:
-    # SessionManager has no "last session ended" notification; a slow poll is enough
-    # for a wait measured in seconds.
-    while sessions.sessions:  # noqa: ASYNC110
-        await asyncio.sleep(0.25)
 
 
 class _ShutdownSignals:

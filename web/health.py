@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from pathlib import Path
 from typing import TypedDict
 
@@ -58,12 +57,6 @@ def check_avatar_root(avatars: AvatarsSettings) -> tuple[str | None, str | None]
     return "readable", None
 
 
-def _running_workers(device_name: str) -> int:
-    # Workers are named lipstream-<device>-w<i> (DeviceScheduler.start) and exit on stop.
-    prefix = f"lipstream-{device_name}-w"
-    return sum(1 for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive())
-
-
 async def ready(request: web.Request) -> web.Response:
     """Ready for new sessions, or 503 with every reason it is not."""
     app = request.app
@@ -76,8 +69,8 @@ async def ready(request: web.Request) -> web.Response:
     if core is None:
         reasons.append("the inference core is not started")
     else:
-        for device in core.devices:
-            if _running_workers(device.name) > 0:
+        for device in (await core.snapshot()).devices:
+            if device.workers_alive > 0:
                 devices.append(device.name)
             else:
                 reasons.append(f"device {device.name} has no running inference workers")

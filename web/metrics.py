@@ -1,11 +1,13 @@
 """``GET /metrics``: the server's counters, gauges and histograms for Prometheus.
 
-Two sources, one :class:`~prometheus_client.CollectorRegistry` owned by the app
-(``app[METRICS]``; no global registry):
+Two sources, two :class:`~prometheus_client.CollectorRegistry` (no global registry):
 
-* :class:`ServerCollector` reads what the server already counts (schedulers, model
-  registry, sessions, background cache) at scrape time, so nothing is counted twice.
-* :class:`MetricsEvents` observes durations as they happen. It implements
+* :class:`SnapshotCollector` renders what the server already counts (schedulers, model
+  registry, sessions, background cache) from the core's and the session manager's
+  snapshots, taken per scrape (a registry made for that scrape), so nothing is counted
+  twice and nothing but snapshots is read.
+* :class:`MetricsEvents` (in the app's registry, ``app[METRICS]``) observes durations
+  as they happen. It implements
   :class:`~inference_core.serving.events.CoreEvents` (batches run, models loaded) and the
   sessions' ``on_frame_ready`` hook, so neither the core nor the sessions import
   prometheus.
@@ -77,8 +79,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from inference_core.serving.core import InferenceCore
-from streaming.live.manager import SessionManager
+from inference_core.serving.snapshot import CoreSnapshot
+from streaming.live.snapshot import SessionsSnapshot
 from web.app_keys import CORE, METRICS, SESSIONS
 
 # The classic text format: every Prometheus version reads it.
@@ -177,10 +179,10 @@ class MetricsEvents:
         self.frame_delay.observe(delay_s)
 
 
-class ServerCollector(Collector):
-    """Reads the server's own counters at scrape time (on the event loop)."""
+class SnapshotCollector(Collector):
+    """The server's own counters, from the snapshots taken for one scrape."""
 
-    def __init__(self, core: InferenceCore, sessions: SessionManager) -> None:
+    def __init__(self, core: CoreSnapshot, sessions: SessionsSnapshot) -> None:
         self._core = core
         self._sessions = sessions
 
@@ -191,10 +193,8 @@ class ServerCollector(Collector):
         yield from self._cache_metrics()
 
     def _sessions_metrics(self) -> Iterator[Metric]:
-        totals = self._sessions.totals()
-        yield GaugeMetricFamily(
-            "lipstream_sessions_live", "Live sessions.", value=len(self._sessions.sessions)
-        )
+        totals = self._sessions.totals
+        yield GaugeMetricFamily("lipstream_sessions_live", "Live sessions.", value=totals.live)
         events = CounterMetricFamily(
             "lipstream_sessions",
             "Sessions by event: started, ended, rejected (at capacity or shutting down), "
@@ -229,7 +229,7 @@ class ServerCollector(Collector):
         yield dropped
 
     def _scheduler_metrics(self) -> Iterator[Metric]:
-        stats = [scheduler.stats() for scheduler in self._core.schedulers]
+        stats = [device.scheduler for device in self._core.devices]
 
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=["device"])
@@ -263,7 +263,7 @@ class ServerCollector(Collector):
             depth.add_metric(device, s.queue_depth)
             capacity.add_metric(device, s.queue_size)
             in_flight.add_metric(device, s.in_flight)
-            workers.add_metric(device, len(s.workers))
+            workers.add_metric(device, sum(1 for w in s.workers if w.alive))
             frames.add_metric(device, s.completed + s.failed)
             failed.add_metric(device, s.failed)
             batches.add_metric(device, s.batches)
@@ -282,8 +282,7 @@ class ServerCollector(Collector):
         yield from (dropped, sizes)
 
     def _registry_metrics(self) -> Iterator[Metric]:
-        registry = self._core.registry
-        models = registry.model_stats()
+        models = self._core.models
         yield GaugeMetricFamily(
             "lipstream_models_registered", "Models known to the server.", value=len(models)
         )
@@ -301,12 +300,6 @@ class ServerCollector(Collector):
             "Memory of the loaded models, as measured around each load.",
             labels=["device"],
         )
-        for d in registry.device_stats():
-            loaded.add_metric([d.device], d.models_loaded)
-            loading.add_metric([d.device], d.models_loading)
-            model_memory.add_metric([d.device], d.memory_used_bytes)
-        yield from (loaded, loading, model_memory)
-        probe = registry.memory_probe
         used = GaugeMetricFamily(
             "lipstream_device_memory_used_bytes",
             "Memory in use: the whole GPU (NVML) for cuda, this process's RSS for cpu.",
@@ -317,23 +310,25 @@ class ServerCollector(Collector):
             "Memory the device has (capped by devices.max_memory_per_device); absent if unknown.",
             labels=["device"],
         )
-        for device in registry.devices:
-            used.add_metric([device.name], probe.used_bytes(device))
-            size = probe.total_bytes(device)
-            if size is not None:
-                total.add_metric([device.name], size)
-        yield from (used, total)
+        for d in self._core.devices:
+            loaded.add_metric([d.name], d.models_loaded)
+            loading.add_metric([d.name], d.models_loading)
+            model_memory.add_metric([d.name], d.model_memory_bytes)
+            used.add_metric([d.name], d.memory_used_bytes)
+            if d.memory_total_bytes is not None:
+                total.add_metric([d.name], d.memory_total_bytes)
+        yield from (loaded, loading, model_memory, used, total)
         evictions = CounterMetricFamily(
             "lipstream_model_evictions",
             "Models unloaded, by reason: capacity (room for a load), idle, admin.",
             labels=["reason"],
         )
-        for reason, count in registry.evictions.items():
+        for reason, count in self._core.evictions.items():
             evictions.add_metric([reason], count)
         yield evictions
 
     def _cache_metrics(self) -> Iterator[Metric]:
-        c = self._sessions.cache.stats()
+        c = self._sessions.cache
         prefix = "lipstream_background_cache"
         yield GaugeMetricFamily(f"{prefix}_bytes", "Bytes of cached frames.", value=c.bytes)
         yield GaugeMetricFamily(
@@ -360,9 +355,10 @@ def _cumulative(batch_sizes: dict[int, int]) -> list[tuple[str, float]]:
 
 
 def add_metrics_routes(app: web.Application) -> None:
-    """Serve ``GET /metrics`` from a registry owned by ``app`` (``app[METRICS]``).
+    """Serve ``GET /metrics``: histograms from a registry owned by ``app`` (``app[METRICS]``)
+    and the server's counters from snapshots taken per scrape.
 
-    The collectors are attached on start-up, once the inference core and the session
+    The histograms are hooked up on start-up, once the inference core and the session
     manager exist. Models loaded before that (``preload: true``) are counted then.
     """
     registry = CollectorRegistry()
@@ -374,10 +370,9 @@ def add_metrics_routes(app: web.Application) -> None:
         events.start_devices([device.name for device in core.devices])
         core.set_events(events)
         sessions.on_frame_ready = events.frame_ready
-        for model in core.registry.model_stats():
+        for model in (await core.snapshot()).models:
             if model.device is not None and model.load_seconds is not None:
                 events.model_loaded(model.device, model.load_seconds)
-        registry.register(ServerCollector(core, sessions))
 
     # on_startup runs after every cleanup_ctx has started, wherever this call is placed.
     app.on_startup.append(attach)
@@ -386,7 +381,9 @@ def add_metrics_routes(app: web.Application) -> None:
 
 async def serve_metrics(request: web.Request) -> web.Response:
     """The metrics in the Prometheus text format (0.0.4)."""
-    # On the loop, not in a thread: the registry's bookkeeping belongs to the loop, and a
-    # scrape reads counters, it computes nothing heavy.
-    body = generate_latest(request.app[METRICS])
+    app = request.app
+    snapshots = CollectorRegistry()
+    snapshots.register(SnapshotCollector(await app[CORE].snapshot(), app[SESSIONS].snapshot()))
+    # On the loop, not in a thread: rendering reads values, it computes nothing heavy.
+    body = generate_latest(snapshots) + generate_latest(app[METRICS])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

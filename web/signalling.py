@@ -13,6 +13,7 @@ GET    /webrtc-config               ICE servers for the browser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any
 
@@ -64,7 +65,7 @@ async def offer(request: web.Request) -> web.Response:
     sdp_type = _string(data, "type")
     avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
     require_token(request, settings.auth, avatar)
-    request.app[CORE].registry.entry(avatar)  # 404 for an unknown avatar, whatever the SDP
+    request.app[CORE].check_registered(avatar)  # 404 for an unknown avatar, whatever the SDP
     if sdp_type != "offer":
         raise RequestError(400, "bad_offer", f"type must be 'offer', got {sdp_type[:20]!r}")
     info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
@@ -92,7 +93,7 @@ async def hang_up(request: web.Request) -> web.Response:
 async def session_state(request: web.Request) -> web.Response:
     """One session's state and counters."""
     session = _session(request)
-    return web.json_response(session.summary())
+    return web.json_response(dataclasses.asdict(session.snapshot()))
 
 
 async def push_audio(request: web.Request) -> web.Response:
@@ -139,11 +140,11 @@ async def interrupt(request: web.Request) -> web.Response:
 async def avatars(request: web.Request) -> web.Response:
     """Avatars a client may ask for, with their display names (read once, then cached)."""
     names = request.app[AVATAR_NAMES]
-    ids = sorted(request.app[CORE].registry.ids())
+    core = request.app[CORE]
+    ids = core.model_ids()
     missing = [avatar_id for avatar_id in ids if avatar_id not in names]
     if missing:
-        locator = request.app[CORE].registry.locator
-        found = await asyncio.to_thread(lambda: {i: locator.display_name(i) for i in missing})
+        found = await asyncio.to_thread(lambda: {i: core.display_name(i) for i in missing})
         names.update(found)
     return web.json_response({"avatars": [{"id": i, "name": names[i]} for i in ids]})
 

@@ -30,6 +30,7 @@ from inference_core.serving.handle import ModelHandle
 from inference_core.serving.loaded_model import LoadedModel
 from inference_core.serving.registry import ModelRegistry
 from inference_core.serving.scheduler import DeviceScheduler
+from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,68 @@ class InferenceCore:
             raise ShuttingDownError("the inference core is not running")
         model = await self.registry.acquire(model_id, device=device)
         return ModelHandle(model, self.scheduler_for(model.device), self.registry.release)
+
+    # -- what the outside may ask ---------------------------------------------------------
+
+    def check_registered(self, model_id: str) -> None:
+        """Raise ``InvalidAvatarIdError`` (malformed) or ``AvatarNotFoundError`` (unknown)."""
+        self.registry.entry(model_id)
+
+    def model_ids(self) -> list[str]:
+        """Every registered model id, sorted."""
+        return self.registry.ids()
+
+    def display_name(self, model_id: str) -> str:
+        """The avatar's display name (reads its manifest: call it off the event loop)."""
+        return self.registry.locator.display_name(model_id)
+
+    async def load(self, model_id: str, device: int | None = None) -> None:
+        """Load ``model_id`` now (on ``device`` if given) without holding it.
+
+        A loaded model stays where it is. Raises :class:`LoadTimeoutError` when the load
+        takes longer than ``registry.load_timeout_s`` (it goes on in the background).
+        """
+        await self.registry.load(model_id, device)
+
+    async def unload(self, model_id: str) -> None:
+        """Unload ``model_id`` now; ``ModelInUseError`` while sessions hold it."""
+        await self.registry.unload(model_id)
+
+    async def snapshot(self) -> CoreSnapshot:
+        """Everything operators see, at this moment (see :mod:`~.snapshot`).
+
+        Device memory is read off the event loop (NVML may take a while on first use);
+        the rest is read on it, where the registry's bookkeeping lives.
+        """
+        probe = self.registry.memory_probe
+        memory = await asyncio.to_thread(
+            lambda: [(probe.used_bytes(d), probe.total_bytes(d)) for d in self.devices]
+        )
+        limits = self.settings.devices
+        devices = tuple(
+            DeviceSnapshot(
+                index=device.index,
+                name=device.name,
+                kind=device.kind,
+                models_loaded=models.models_loaded,
+                models_loading=models.models_loading,
+                model_memory_bytes=models.memory_bytes,
+                max_memory_bytes=limits.max_memory_per_device,
+                max_models=limits.max_models_per_device,
+                memory_used_bytes=used,
+                memory_total_bytes=total,
+                scheduler=scheduler.stats(),
+            )
+            for device, models, scheduler, (used, total) in zip(
+                self.devices, self.registry.device_models(), self.schedulers, memory, strict=True
+            )
+        )
+        return CoreSnapshot(
+            running=self._started and not self._stopping,
+            devices=devices,
+            models=self.registry.model_snapshots(),
+            evictions=self.registry.evictions,
+        )
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop accepting work, finish in-flight batches, fail the rest, free every model."""

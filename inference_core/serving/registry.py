@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import onnxruntime as ort
 
@@ -39,6 +39,7 @@ from inference_core.avatars.package import AvatarPackage, check_avatar_id
 from inference_core.exceptions import (
     CapacityError,
     InferenceError,
+    LoadTimeoutError,
     ModelInUseError,
     ModelLoadError,
     ModelOutOfMemoryError,
@@ -54,12 +55,11 @@ from inference_core.serving.placement import (
     choose_victims,
     least_loaded_order,
 )
+from inference_core.serving.snapshot import EvictionReason, ModelSnapshot, ModelState
 
 logger = logging.getLogger(__name__)
 
 SessionFactory = Callable[[Path, Device], ort.InferenceSession]
-ModelState = Literal["registered", "loading", "loaded", "failed"]
-EvictionReason = Literal["capacity", "idle", "admin"]
 _T = TypeVar("_T")
 
 
@@ -78,36 +78,12 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
-class ModelStats:
-    """One registered model, JSON-friendly (``dataclasses.asdict``). Times are wall clock."""
+class DeviceModels:
+    """The models on one device: how many are loaded or loading, and their memory."""
 
-    model_id: str
-    state: ModelState
-    device: str | None
-    memory_bytes: int
-    refcount: int
-    usage_count: int
-    frames: int
-    batches: int
-    failures: int
-    inference_ms_total: float
-    mean_ms_per_frame: float
-    last_used: float | None
-    loaded_at: float | None
-    load_seconds: float | None
-    last_error: str | None
-
-
-@dataclass(frozen=True)
-class DeviceModelStats:
-    """Models on one device and the limits that apply there."""
-
-    device: str
     models_loaded: int
     models_loading: int
-    memory_used_bytes: int
-    max_bytes: int | None
-    max_models: int
+    memory_bytes: int
 
 
 class ModelRegistry:
@@ -304,7 +280,7 @@ class ModelRegistry:
                     ) from None
                 raise
             except TimeoutError:
-                raise ModelLoadError(
+                raise LoadTimeoutError(
                     f"model {model_id!r} did not load within registry.load_timeout_s="
                     f"{timeout:g} s; it keeps loading in the background, try again later"
                 ) from None
@@ -570,14 +546,14 @@ class ModelRegistry:
 
     # -- stats ----------------------------------------------------------------------
 
-    def model_stats(self) -> list[ModelStats]:
-        """One :class:`ModelStats` per registered id, sorted by id."""
-        return [self._model_stats(self._entries[i]) for i in sorted(self._entries)]
+    def model_snapshots(self) -> tuple[ModelSnapshot, ...]:
+        """One :class:`ModelSnapshot` per registered id, sorted by id."""
+        return tuple(self._model_snapshot(self._entries[i]) for i in sorted(self._entries))
 
-    def _model_stats(self, entry: ModelEntry) -> ModelStats:
+    def _model_snapshot(self, entry: ModelEntry) -> ModelSnapshot:
         model = entry.model
         if model is None:
-            return ModelStats(
+            return ModelSnapshot(
                 model_id=entry.model_id,
                 state=entry.state,
                 device=None,
@@ -595,7 +571,7 @@ class ModelRegistry:
                 last_error=entry.last_error,
             )
         s = model.stats()
-        return ModelStats(
+        return ModelSnapshot(
             model_id=entry.model_id,
             state=entry.state,
             device=model.device.name,
@@ -613,18 +589,14 @@ class ModelRegistry:
             last_error=entry.last_error,
         )
 
-    def device_stats(self) -> list[DeviceModelStats]:
-        """Models and model memory per device, with the configured limits."""
-        limits = self._settings.devices
+    def device_models(self) -> list[DeviceModels]:
+        """Per device (by index): models loaded and loading, and their measured memory."""
         loaded = self._loaded_by_device()
         return [
-            DeviceModelStats(
-                device=d.name,
+            DeviceModels(
                 models_loaded=len(loaded[d.index]),
                 models_loading=self._pending[d.index],
-                memory_used_bytes=sum(m.memory_bytes for m in loaded[d.index]),
-                max_bytes=limits.max_memory_per_device,
-                max_models=limits.max_models_per_device,
+                memory_bytes=sum(m.memory_bytes for m in loaded[d.index]),
             )
             for d in self._devices
         ]

@@ -319,6 +319,9 @@ class DeviceScheduler:
                 queue_size=self._queue_size,
                 in_flight=self._in_flight,
                 running_seconds=now - self._started_at if self._started_at is not None else 0.0,
+                # Before start() there are no threads: no slot is alive.
+                alive=[worker.thread.is_alive() for worker in self._workers]
+                or [False] * len(self._thread_names),
             )
 
     # -- the worker side ----------------------------------------------------------------------

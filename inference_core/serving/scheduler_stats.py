@@ -10,6 +10,7 @@ frame ends in exactly one bucket, so at any moment::
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Weight of the newest batch in a model's run-time estimate. A moving average follows a
@@ -20,16 +21,20 @@ RUN_ESTIMATE_WEIGHT = 0.2
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """One worker thread: batches and frames it ran (successful or not), time spent running."""
+    """One worker thread: batches and frames it ran (successful or not), time spent running.
+
+    ``alive`` is whether the slot's thread runs now (a dead one is being replaced).
+    """
 
     name: str
     batches: int
     frames: int
     busy_seconds: float
+    alive: bool
 
 
 @dataclass(frozen=True)
-class ModelStats:
+class ModelBatchStats:
     """One model on this device: frames completed, batches run, frames expired and failed."""
 
     frames: int
@@ -67,7 +72,7 @@ class SchedulerStats:
     busy_seconds: float
     busy_fraction: float
     workers: tuple[WorkerStats, ...]
-    models: dict[str, ModelStats]
+    models: dict[str, ModelBatchStats]
     workers_restarted: int
 
 
@@ -157,8 +162,10 @@ class StatsRecorder:
         queue_size: int,
         in_flight: int,
         running_seconds: float,
+        alive: Sequence[bool],
     ) -> SchedulerStats:
-        """Freeze the counters; ``running_seconds`` is the time since the workers started."""
+        """Freeze the counters; ``running_seconds`` is the time since the workers started,
+        ``alive`` says per worker slot whether its thread runs now."""
         batches = sum(self.batch_sizes.values())
         frames_run = sum(size * count for size, count in self.batch_sizes.items())
         busy = sum(w.busy_seconds for w in self._workers)
@@ -181,10 +188,11 @@ class StatsRecorder:
             busy_seconds=busy,
             busy_fraction=min(1.0, busy / capacity) if capacity > 0 else 0.0,
             workers=tuple(
-                WorkerStats(w.name, w.batches, w.frames, w.busy_seconds) for w in self._workers
+                WorkerStats(w.name, w.batches, w.frames, w.busy_seconds, running)
+                for w, running in zip(self._workers, alive, strict=True)
             ),
             models={
-                model_id: ModelStats(c.frames, c.batches, c.expired, c.failed)
+                model_id: ModelBatchStats(c.frames, c.batches, c.expired, c.failed)
                 for model_id, c in self._models.items()
             },
             workers_restarted=self.workers_restarted,

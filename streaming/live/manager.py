@@ -25,6 +25,7 @@ from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.session import Session
+from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import (
     EncoderFactory,
@@ -53,7 +54,7 @@ def ice_configuration(settings: Settings) -> RTCConfiguration:
 
 @dataclass
 class SessionCounters:
-    """Totals since start-up (live sessions' frames are added when they end)."""
+    """Totals of the sessions that ended (and offers refused or failed) since start-up."""
 
     started: int = 0
     ended: int = 0
@@ -93,6 +94,8 @@ class SessionManager:
             max_workers=self.compose_threads, thread_name_prefix="lipstream-compose"
         )
         self._sessions: dict[str, Session] = {}
+        self._empty = asyncio.Event()  # set while no session is live
+        self._empty.set()
         # Audio-encoder sessions by avatar, most recently used last; bounded so that
         # hundreds of avatars do not pin hundreds of ONNX sessions (live sessions keep
         # their own reference, so dropping one here never breaks a call).
@@ -102,24 +105,33 @@ class SessionManager:
         self.counters = SessionCounters()
         self.admission = AdmissionControl(settings, core)
 
-    def totals(self) -> SessionCounters:
-        """Counters including the live sessions' frames so far."""
+    def snapshot(self) -> SessionsSnapshot:
+        """Every live call, the totals since start-up (live calls included) and the cache."""
         live = self.sessions
-        dropped = dict(self.counters.frames_dropped)
+        c = self.counters
+        dropped = dict(c.frames_dropped)
         for session in live:
             for reason, count in session.stats.frames_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + count
-        return SessionCounters(
-            started=self.counters.started,
-            ended=self.counters.ended,
-            rejected=self.counters.rejected,
-            failed=self.counters.failed,
-            frames_sent=self.counters.frames_sent + sum(s.video.frames_sent for s in live),
-            frames_inferred=self.counters.frames_inferred
-            + sum(s.stats.frames_inferred for s in live),
+        totals = SessionTotals(
+            live=len(live),
+            started=c.started,
+            ended=c.ended,
+            rejected=c.rejected,
+            failed=c.failed,
+            frames_sent=c.frames_sent + sum(s.video.frames_sent for s in live),
+            frames_inferred=c.frames_inferred + sum(s.stats.frames_inferred for s in live),
             frames_dropped=dropped,
-            ended_by_reason=dict(self.counters.ended_by_reason),
+            ended_by_reason=dict(c.ended_by_reason),
         )
+        return SessionsSnapshot(
+            sessions=tuple(s.snapshot() for s in live), totals=totals, cache=self.cache.stats()
+        )
+
+    @property
+    def live_count(self) -> int:
+        """How many sessions are live now."""
+        return len(self._sessions)
 
     @property
     def sessions(self) -> list[Session]:
@@ -230,6 +242,7 @@ class SessionManager:
             await session.close("offer failed")
             raise
         self._sessions[session.session_id] = session
+        self._empty.clear()
         logger.info(
             "session created: session=%s avatar=%s remote=%s video_codec=%s",
             session.session_id,
@@ -256,6 +269,8 @@ class SessionManager:
     def _forget(self, session: Session) -> None:
         if self._sessions.pop(session.session_id, None) is None:
             return  # never went live (the offer failed)
+        if not self._sessions:
+            self._empty.set()
         c = self.counters
         c.ended += 1
         c.frames_sent += session.video.frames_sent
@@ -264,6 +279,10 @@ class SessionManager:
             c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
         reason = session.end_reason or "unknown"
         c.ended_by_reason[reason] = c.ended_by_reason.get(reason, 0) + 1
+
+    async def wait_until_empty(self) -> None:
+        """Return once no session is live (at once if none is)."""
+        await self._empty.wait()
 
     async def close(self, session_id: str, reason: str = "hung up") -> None:
         await self.get(session_id).close(reason)

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import av
 import numpy as np
@@ -41,6 +41,7 @@ from inference_core.serving.handle import ModelHandle
 from streaming.audio_in.resample import MonoResampler, resample_mono
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.mixer import AudioMixer
+from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
 from streaming.webrtc.compat import close_peer_connection, sender_encoder
 from streaming.webrtc.tracks import (
     AUDIO_CHUNK_S,
@@ -83,38 +84,6 @@ class SessionStats:
             return 0.0, 0.0
         values = np.asarray(self.processing_ms)
         return float(np.percentile(values, 50)), float(np.percentile(values, 95))
-
-
-class AddedDelay(TypedDict):
-    p50: float
-    p95: float
-
-
-class BufferedMedia(TypedDict):
-    audio_chunks: int
-    frames: int
-
-
-class SessionSummary(TypedDict):
-    """What :meth:`Session.summary` reports (``GET /sessions/{id}``, the admin API)."""
-
-    session_id: str
-    avatar: str
-    state: str
-    uptime_s: float
-    frames_sent: int
-    frames_inferred: int
-    frames_skipped: int
-    frames_dropped: dict[str, int]
-    delay_ms: float
-    lookahead_ms: float
-    added_delay_ms: AddedDelay
-    queued_audio_s: float
-    buffered: BufferedMedia
-    remote: str | None
-    output_fps: float  # video frames sent per second, over about the last 5 s
-    av_offset_ms: float | None  # next audio chunk's time - next video frame's time
-    bitrate_bps: int | None  # the video encoder's target bitrate, once it exists
 
 
 class RecentRate:
@@ -528,29 +497,29 @@ class Session:
         if self._on_closed is not None:
             self._on_closed(self)
 
-    def summary(self) -> SessionSummary:
-        """JSON-friendly state for the API."""
+    def snapshot(self) -> SessionSnapshot:
+        """This call's state and counters (``GET /sessions/{id}``, the admin API)."""
         p50, p95 = self.stats.processing_percentiles()
         fps = self._output_rate.update(time.monotonic(), self.video.frames_sent, self._clock.start)
-        return {
-            "session_id": self.session_id,
-            "avatar": self.avatar_id,
-            "state": self.state,
-            "uptime_s": round(time.time() - self.created_at, 1),
-            "frames_sent": self.video.frames_sent,
-            "frames_inferred": self.stats.frames_inferred,
-            "frames_skipped": self.video.frames_skipped,
-            "frames_dropped": dict(self.stats.frames_dropped),
-            "delay_ms": round(self.delay_s * 1000, 1),
-            "lookahead_ms": self.lookahead_ms,
-            "added_delay_ms": {"p50": round(p50, 1), "p95": round(p95, 1)},
-            "queued_audio_s": round(self.queued_audio_s, 2),
-            "buffered": {"audio_chunks": len(self._outbound), "frames": len(self._ready)},
-            "remote": self.remote,
-            "output_fps": round(fps, 2),
-            "av_offset_ms": self._av_offset_ms(),
-            "bitrate_bps": self._bitrate_bps(),
-        }
+        return SessionSnapshot(
+            session_id=self.session_id,
+            avatar=self.avatar_id,
+            state=self.state,
+            uptime_s=round(time.time() - self.created_at, 1),
+            frames_sent=self.video.frames_sent,
+            frames_inferred=self.stats.frames_inferred,
+            frames_skipped=self.video.frames_skipped,
+            frames_dropped=dict(self.stats.frames_dropped),
+            delay_ms=round(self.delay_s * 1000, 1),
+            lookahead_ms=self.lookahead_ms,
+            added_delay_ms=AddedDelay(p50=round(p50, 1), p95=round(p95, 1)),
+            queued_audio_s=round(self.queued_audio_s, 2),
+            buffered=BufferedMedia(audio_chunks=len(self._outbound), frames=len(self._ready)),
+            remote=self.remote,
+            output_fps=round(fps, 2),
+            av_offset_ms=self._av_offset_ms(),
+            bitrate_bps=self._bitrate_bps(),
+        )
 
     def _av_offset_ms(self) -> float | None:
         """Where audio is on the session timeline minus where video is (≈0 by design).

@@ -1,0 +1,91 @@
+"""Everything operators see of the inference core, as one immutable, serialisable value.
+
+:meth:`InferenceCore.snapshot() <inference_core.serving.core.InferenceCore.snapshot>`
+returns a :class:`CoreSnapshot`: per device its model memory, limits, measured memory
+and scheduler counters (:class:`~inference_core.serving.scheduler_stats.SchedulerStats`),
+per registered model its state and usage, and the evictions so far. The admin API,
+``/metrics`` and ``/ready`` read nothing else (``docs/architecture.md`` §13), and a
+snapshot crosses a process boundary as JSON (:meth:`CoreSnapshot.to_json`,
+:meth:`CoreSnapshot.from_json`) unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import TypeAdapter
+
+from inference_core.serving.scheduler_stats import SchedulerStats
+
+ModelState = Literal["registered", "loading", "loaded", "failed"]
+EvictionReason = Literal["capacity", "idle", "admin"]
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """One registered model. Times are wall clock (``time.time()``), None when not loaded."""
+
+    model_id: str
+    state: ModelState
+    device: str | None
+    memory_bytes: int  # measured around its load and warm-up
+    refcount: int  # sessions holding it now
+    usage_count: int  # times it was acquired since it loaded
+    frames: int
+    batches: int
+    failures: int  # frames whose batch raised
+    inference_ms_total: float
+    mean_ms_per_frame: float
+    last_used: float | None
+    loaded_at: float | None
+    load_seconds: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """One device: the models on it, its limits, its memory and its scheduler."""
+
+    index: int
+    name: str
+    kind: str
+    models_loaded: int
+    models_loading: int  # loads placed here, not finished
+    model_memory_bytes: int  # measured memory of the models loaded here
+    max_memory_bytes: int | None  # devices.max_memory_per_device
+    max_models: int  # devices.max_models_per_device
+    memory_used_bytes: int  # the whole GPU (NVML) for cuda, this process's RSS for cpu
+    memory_total_bytes: int | None  # capped by devices.max_memory_per_device; None if unknown
+    scheduler: SchedulerStats
+
+    @property
+    def workers_alive(self) -> int:
+        """Worker threads running now (0 means the device cannot serve)."""
+        return sum(1 for worker in self.scheduler.workers if worker.alive)
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """The inference core at one moment."""
+
+    running: bool  # started and not stopping
+    devices: tuple[DeviceSnapshot, ...]
+    models: tuple[ModelSnapshot, ...]  # sorted by id
+    evictions: dict[EvictionReason, int]
+
+    def model(self, model_id: str) -> ModelSnapshot | None:
+        """The snapshot of ``model_id``, or None when it is not registered."""
+        return next((m for m in self.models if m.model_id == model_id), None)
+
+    def to_json(self) -> bytes:
+        """The snapshot as JSON (what crosses a process boundary)."""
+        return _CORE_JSON.dump_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> CoreSnapshot:
+        """The snapshot :meth:`to_json` wrote."""
+        return _CORE_JSON.validate_json(data)
+
+
+_CORE_JSON = TypeAdapter(CoreSnapshot)

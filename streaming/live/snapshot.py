@@ -1,0 +1,91 @@
+"""Everything operators see of the live calls, as one immutable, serialisable value.
+
+:meth:`SessionManager.snapshot() <streaming.live.manager.SessionManager.snapshot>` returns
+a :class:`SessionsSnapshot`: one :class:`SessionSnapshot` per live call (the body of
+``GET /sessions/{id}``), totals since start-up, and the shared background-frame cache.
+The admin API, ``/metrics`` and ``/ready`` read nothing else (``docs/architecture.md``
+§13), and a snapshot crosses a process boundary as JSON unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+
+from compositor.background_cache import CacheStats
+
+
+@dataclass(frozen=True)
+class AddedDelay:
+    """How long frames took after their audio was complete, over the last 500 frames."""
+
+    p50: float
+    p95: float
+
+
+@dataclass(frozen=True)
+class BufferedMedia:
+    """Media made and waiting for its send slot."""
+
+    audio_chunks: int
+    frames: int
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """One live call."""
+
+    session_id: str
+    avatar: str
+    state: str  # new, connected, streaming, closed
+    uptime_s: float
+    frames_sent: int
+    frames_inferred: int  # composed with an inferred face
+    frames_skipped: int  # send slots skipped because the track fell behind
+    frames_dropped: dict[str, int]  # by reason: not_ready, late, overload, an error name
+    delay_ms: float  # configured: lookahead + one audio tick + pipeline margin
+    lookahead_ms: float
+    added_delay_ms: AddedDelay
+    queued_audio_s: float
+    buffered: BufferedMedia
+    remote: str | None
+    output_fps: float  # video frames sent per second, over about the last 5 s
+    av_offset_ms: float | None  # next audio chunk's time - next video frame's time
+    bitrate_bps: int | None  # the video encoder's target bitrate, once it exists
+
+
+@dataclass(frozen=True)
+class SessionTotals:
+    """Counts since start-up; the live calls' frames are included."""
+
+    live: int
+    started: int
+    ended: int
+    rejected: int  # refused at capacity or while shutting down
+    failed: int  # offers that could not be answered
+    frames_sent: int
+    frames_inferred: int
+    frames_dropped: dict[str, int]
+    ended_by_reason: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SessionsSnapshot:
+    """The live calls at one moment."""
+
+    sessions: tuple[SessionSnapshot, ...]
+    totals: SessionTotals
+    cache: CacheStats
+
+    def to_json(self) -> bytes:
+        """The snapshot as JSON (what crosses a process boundary)."""
+        return _SESSIONS_JSON.dump_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SessionsSnapshot:
+        """The snapshot :meth:`to_json` wrote."""
+        return _SESSIONS_JSON.validate_json(data)
+
+
+_SESSIONS_JSON = TypeAdapter(SessionsSnapshot)
