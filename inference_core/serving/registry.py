@@ -6,14 +6,20 @@ read), and *loaded* when a session first needs one::
     registered ──acquire/load──▶ loading ──▶ loaded ──unload/evict──▶ registered
                                     └──────▶ failed  (last_error kept; the next acquire retries)
 
-A load runs on its device's single-thread executor (onnxruntime session creation is not
-safe to run concurrently, and the event loop must not block) and is shared by every
-caller that asks for the model meanwhile. Placement: an explicit device, else the
-model's ``preferred_device``, else the configured strategy. When a device is full, idle
-models (held by nobody) are evicted by the configured policy; a held model never is.
+A load runs on its device's load thread (:mod:`~inference_core.serving.model_loader`)
+and is shared by every caller that asks for the model meanwhile. Placement: an explicit
+device, else the model's ``preferred_device``, else the configured strategy. When a
+device is full, idle models (held by nobody) are evicted by the configured policy; a
+held model never is (``docs/architecture.md`` §4).
 
 All bookkeeping happens on the event loop; only the loads, closes and memory probes run
-on the device threads.
+on the device threads. Why one module of about 500 lines: the load state machine,
+placement and eviction all read and change the same entries and per-device pending
+counts, with no lock because only the loop touches them; split across classes they
+would have to share that state anyway. The decisions that need no state are pure
+functions in :mod:`~inference_core.serving.placement`, the thread work is in
+:mod:`~inference_core.serving.model_loader` and the snapshots in
+:mod:`~inference_core.serving.snapshot`.
 """
 
 from __future__ import annotations
@@ -21,19 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TypeVar
-
-import onnxruntime as ort
 
 from config.settings import Settings
-from inference_core.adapter.onnx_io import open_session
-from inference_core.avatars.exceptions import AvatarError, AvatarNotFoundError
+from inference_core.avatars.exceptions import AvatarNotFoundError
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.package import AvatarPackage, check_avatar_id
 from inference_core.exceptions import (
@@ -45,9 +44,10 @@ from inference_core.exceptions import (
     ModelOutOfMemoryError,
     ShuttingDownError,
 )
-from inference_core.serving.devices import Device, MemoryProbe, SystemMemoryProbe, session_config
+from inference_core.serving.devices import Device, MemoryProbe
 from inference_core.serving.events import CoreEvents, NoCoreEvents
 from inference_core.serving.loaded_model import LoadedModel
+from inference_core.serving.model_loader import ModelLoader, SessionFactory
 from inference_core.serving.placement import (
     DeviceLoad,
     VictimInfo,
@@ -55,12 +55,14 @@ from inference_core.serving.placement import (
     choose_victims,
     least_loaded_order,
 )
-from inference_core.serving.snapshot import EvictionReason, ModelSnapshot, ModelState
+from inference_core.serving.snapshot import (
+    EvictionReason,
+    ModelSnapshot,
+    ModelState,
+    model_snapshot,
+)
 
 logger = logging.getLogger(__name__)
-
-SessionFactory = Callable[[Path, Device], ort.InferenceSession]
-_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -89,7 +91,7 @@ class DeviceModels:
 class ModelRegistry:
     """Registers avatar models, loads them onto devices on demand, evicts them when needed.
 
-    Owns one single-thread load executor per device and shuts them down in :meth:`close`.
+    Owns a :class:`ModelLoader` (one load thread per device) and closes it in :meth:`close`.
     ``session_factory``, ``memory_probe``, ``clock`` and ``queue_depth`` are seams for
     tests and for the scheduler (``queue_depth(device_index)`` feeds least-loaded
     placement). ``events`` hears about every load and load failure.
@@ -118,27 +120,22 @@ class ModelRegistry:
         self._settings = settings
         self._locator = locator
         self._devices = list(devices)
-        self._session_factory = session_factory or self._open_session
-        # The registry closes only a probe it made (NVML is started by the probe).
-        self._owned_probe: SystemMemoryProbe | None = None
-        if memory_probe is None:
-            memory_probe = self._owned_probe = SystemMemoryProbe(settings.devices)
-        self._probe: MemoryProbe = memory_probe
+        self._loader = ModelLoader(
+            settings,
+            locator,
+            self._devices,
+            session_factory=session_factory,
+            memory_probe=memory_probe,
+            clock=clock,
+        )
         self._clock = clock
         self._queue_depth = queue_depth or (lambda index: 0)
         # Told when a model goes away, so frames still queued for it fail cleanly.
         self._on_unload = on_unload or (lambda model: None)
         self.events: CoreEvents = events or NoCoreEvents()
         self._entries: dict[str, ModelEntry] = {}
-        self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lipstream-load-{d.name}")
-            for d in self._devices
-        ]
         self._device_locks = [asyncio.Lock() for _ in self._devices]
         self._pending = [0] * len(self._devices)  # loads placed on each device, not finished
-        # RSS is per process: CPU-device loads measured at the same time would count each
-        # other's memory, so the measured part of CPU loads runs one at a time.
-        self._cpu_measure_lock = threading.Lock()
         self._rr_counter = 0
         self._evictions: dict[EvictionReason, int] = {"capacity": 0, "idle": 0, "admin": 0}
         self._closed = False
@@ -190,7 +187,7 @@ class ModelRegistry:
     @property
     def memory_probe(self) -> MemoryProbe:
         """What measures the devices' memory (used and total)."""
-        return self._probe
+        return self._loader.memory_probe
 
     @property
     def evictions(self) -> dict[EvictionReason, int]:
@@ -351,7 +348,7 @@ class ModelRegistry:
             try:
                 async with self._device_locks[index]:
                     if read is None:
-                        read = await self._run_on(device, self._read_package, model_id)
+                        read = await self._loader.read(device, model_id)
                     package, file_size = read
                     try:
                         victims = self._victims_for_room(device, file_size)
@@ -442,7 +439,7 @@ class ModelRegistry:
         self, device: Device, package: AvatarPackage, file_size: int
     ) -> LoadedModel:
         try:
-            return await self._run_on(device, self._build, device, package, file_size)
+            model = await self._loader.build(device, package, file_size)
         except ModelOutOfMemoryError as exc:
             idle = [m for m in self._loaded_by_device()[device.index] if m.refcount == 0]
             victims = self._pick(device, idle, 1, 0) if idle else []
@@ -454,53 +451,9 @@ class ModelRegistry:
                 ",".join(v.model_id for v in victims) or "nothing (no idle model)",
             )
             await self._evict(victims, "capacity")
-            return await self._run_on(device, self._build, device, package, file_size)
-
-    # -- device-thread work -----------------------------------------------------------
-
-    def _read_package(self, model_id: str) -> tuple[AvatarPackage, int]:
-        try:
-            package = self._locator.load(model_id)
-            return package, package.lipsync_path.stat().st_size
-        except (AvatarError, OSError) as exc:
-            raise ModelLoadError(f"model {model_id!r} cannot be loaded: {exc}") from exc
-
-    def _build(self, device: Device, package: AvatarPackage, file_size: int) -> LoadedModel:
-        """Open, bind, warm up and measure one model (on ``device``'s load thread)."""
-        measure_lock = self._cpu_measure_lock if device.kind == "cpu" else contextlib.nullcontext()
-        with measure_lock:
-            before = self._probe.used_bytes(device)
-            started = time.perf_counter()
-            model = LoadedModel.open(
-                package,
-                device,
-                self._session_factory,
-                max_batch_size=self._settings.batching.max_batch_size,
-                clock=self._clock,
-            )
-            load_seconds = time.perf_counter() - started
-            after = self._probe.used_bytes(device)
-        # The file size is a floor: RSS/NVML deltas can read low when freed memory is reused.
-        model.memory_bytes = max(after - before, file_size)
-        model.load_seconds = load_seconds
-        logger.info(
-            "loaded model %s on %s: memory_bytes=%d load_ms=%.0f max_batch_size=%d",
-            package.avatar_id,
-            device.name,
-            model.memory_bytes,
-            load_seconds * 1000,
-            model.max_batch_size,
-        )
-        self.events.model_loaded(device.name, load_seconds)
+            model = await self._loader.build(device, package, file_size)
+        self.events.model_loaded(device.name, model.load_seconds or 0.0)
         return model
-
-    def _open_session(self, path: Path, device: Device) -> ort.InferenceSession:
-        providers, options = session_config(device, self._settings.devices)
-        return open_session(path, providers=providers, options=options)
-
-    async def _run_on(self, device: Device, func: Callable[..., _T], *args: object) -> _T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executors[device.index], func, *args)
 
     # -- eviction -------------------------------------------------------------------
 
@@ -521,7 +474,7 @@ class ModelRegistry:
                 stats.usage_count,
             )
         for model in models:
-            await self._run_on(model.device, model.close)
+            await self._loader.close_model(model)
 
     async def evict_idle(self) -> list[str]:
         """Unload models nobody has held for ``registry.idle_timeout_s`` (0: never).
@@ -548,45 +501,9 @@ class ModelRegistry:
 
     def model_snapshots(self) -> tuple[ModelSnapshot, ...]:
         """One :class:`ModelSnapshot` per registered id, sorted by id."""
-        return tuple(self._model_snapshot(self._entries[i]) for i in sorted(self._entries))
-
-    def _model_snapshot(self, entry: ModelEntry) -> ModelSnapshot:
-        model = entry.model
-        if model is None:
-            return ModelSnapshot(
-                model_id=entry.model_id,
-                state=entry.state,
-                device=None,
-                memory_bytes=0,
-                refcount=0,
-                usage_count=0,
-                frames=0,
-                batches=0,
-                failures=0,
-                inference_ms_total=0.0,
-                mean_ms_per_frame=0.0,
-                last_used=None,
-                loaded_at=None,
-                load_seconds=None,
-                last_error=entry.last_error,
-            )
-        s = model.stats()
-        return ModelSnapshot(
-            model_id=entry.model_id,
-            state=entry.state,
-            device=model.device.name,
-            memory_bytes=model.memory_bytes,
-            refcount=s.refcount,
-            usage_count=s.usage_count,
-            frames=s.frames,
-            batches=s.batches,
-            failures=s.failures,
-            inference_ms_total=s.inference_seconds * 1000,
-            mean_ms_per_frame=s.mean_ms_per_frame,
-            last_used=s.last_used_wall,
-            loaded_at=model.loaded_at,
-            load_seconds=model.load_seconds,
-            last_error=entry.last_error,
+        return tuple(
+            model_snapshot(e.model_id, e.state, e.model, e.last_error)
+            for e in (self._entries[i] for i in sorted(self._entries))
         )
 
     def device_models(self) -> list[DeviceModels]:
@@ -616,22 +533,11 @@ class ModelRegistry:
         for model in models:
             entry = self._entries[model.model_id]
             entry.model, entry.state = None, "registered"
-        loop = asyncio.get_running_loop()
         # Closing on each device's thread also waits for loads already running there
         # (a cancelled task's thread work cannot be interrupted).
-        await asyncio.gather(
-            *(self._run_on(m.device, m.close) for m in models),
-            *(loop.run_in_executor(executor, _noop) for executor in self._executors),
-        )
-        for executor in self._executors:
-            executor.shutdown(wait=True)  # idle by now: returns at once
-        if self._owned_probe is not None:
-            self._owned_probe.close()
+        await asyncio.gather(*(self._loader.close_model(m) for m in models))
+        await self._loader.close()
         logger.info("model registry closed: %d models unloaded", len(models))
-
-
-def _noop() -> None:
-    """Queued last on a load thread: when it has run, everything before it has too."""
 
 
 def _retrieve_exception(task: asyncio.Task[LoadedModel]) -> None:

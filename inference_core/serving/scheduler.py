@@ -24,6 +24,11 @@ but a worker can still die (a runner raising ``SystemExit``, a bug in this loop)
 its batch fails with an :class:`InferenceError`, the death is logged with its traceback
 and counted (``workers_restarted``), and a replacement thread with the same name takes
 its place, so the device keeps its worker count and no frame is left waiting forever.
+
+Why one module of about 500 lines: the queues, the batch choice, the counters and the
+workers' supervision are guarded by one condition variable and change together under
+it; what needs no lock lives beside it (:mod:`~inference_core.serving.scheduler_stats`
+for the counters, :mod:`~inference_core.serving.arrivals` for who is due).
 """
 
 from __future__ import annotations

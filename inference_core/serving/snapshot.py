@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
+from inference_core.serving.loaded_model import LoadedModel
 from inference_core.serving.scheduler_stats import SchedulerStats
 
 ModelState = Literal["registered", "loading", "loaded", "failed"]
@@ -89,3 +90,45 @@ class CoreSnapshot:
 
 
 _CORE_JSON = TypeAdapter(CoreSnapshot)
+
+
+def model_snapshot(
+    model_id: str, state: ModelState, model: LoadedModel | None, last_error: str | None
+) -> ModelSnapshot:
+    """The snapshot of one registered model, loaded (``model``) or not."""
+    if model is None:
+        return ModelSnapshot(
+            model_id=model_id,
+            state=state,
+            device=None,
+            memory_bytes=0,
+            refcount=0,
+            usage_count=0,
+            frames=0,
+            batches=0,
+            failures=0,
+            inference_ms_total=0.0,
+            mean_ms_per_frame=0.0,
+            last_used=None,
+            loaded_at=None,
+            load_seconds=None,
+            last_error=last_error,
+        )
+    s = model.stats()
+    return ModelSnapshot(
+        model_id=model_id,
+        state=state,
+        device=model.device.name,
+        memory_bytes=model.memory_bytes,
+        refcount=s.refcount,
+        usage_count=s.usage_count,
+        frames=s.frames,
+        batches=s.batches,
+        failures=s.failures,
+        inference_ms_total=s.inference_seconds * 1000,
+        mean_ms_per_frame=s.mean_ms_per_frame,
+        last_used=s.last_used_wall,
+        loaded_at=model.loaded_at,
+        load_seconds=model.load_seconds,
+        last_error=last_error,
+    )
