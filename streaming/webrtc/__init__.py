@@ -9,6 +9,7 @@ Knows nothing of avatars or models; :mod:`streaming.live` builds sessions on it.
 from __future__ import annotations
 
 from streaming.webrtc.compat import close_peer_connection
+from streaming.webrtc.encoder_config import EncoderConfig
 from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
 from streaming.webrtc.tracks import (
     AvatarAudioTrack,
@@ -21,6 +22,7 @@ from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 __all__ = [
     "AvatarAudioTrack",
     "AvatarVideoTrack",
+    "EncoderConfig",
     "EncoderFactory",
     "LipstreamH264Encoder",
     "OfferInfo",

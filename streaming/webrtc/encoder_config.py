@@ -1,0 +1,230 @@
+"""What one H.264 encoder is opened with: bitrate, level, preset and FFmpeg options.
+
+:class:`EncoderConfig` turns the ``video`` settings and a stream's frame size and fps
+into the options of libx264 or NVENC (``docs/architecture.md`` §6): constrained
+baseline, no B-frames, no lookahead, a keyframe interval, a one-second VBV buffer, the
+preset (mapped to NVENC's p1..p7), and a bitrate by frame area that REMB may move within
+[0.25×, 1×]. :func:`open_codec` opens a codec context with them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Literal
+
+import av
+from av.video.codeccontext import VideoCodecContext
+
+from config.settings import VideoSettings
+
+#: The two encoders lipstream can drive; both produce Annex B H.264.
+CodecName = Literal["libx264", "h264_nvenc"]
+
+#: Bitrate at 25 fps by frame area: (largest area in pixels, bits per second). Larger
+#: frames scale the last entry by their area.
+BITRATE_BY_AREA: tuple[tuple[int, int], ...] = (
+    (854 * 480, 1_200_000),
+    (1280 * 720, 2_500_000),
+    (1920 * 1080, 4_500_000),
+)
+_BITRATE_REFERENCE_FPS = 25
+
+#: H.264 Annex A, table A-1: (level, max frame size in macroblocks, max macroblocks per
+#: second, max bitrate in kbit/s for Baseline). The smallest level that fits is used, so
+#: 1280×720 at up to 30 fps stays at 3.1, the level every browser's offer names.
+H264_LEVELS: tuple[tuple[str, int, int, int], ...] = (
+    ("3.1", 3_600, 108_000, 14_000),
+    ("3.2", 5_120, 216_000, 20_000),
+    ("4.0", 8_192, 245_760, 20_000),
+    ("4.1", 8_192, 245_760, 50_000),
+    ("4.2", 8_704, 522_240, 50_000),
+    ("5.1", 36_864, 983_040, 240_000),
+    ("5.2", 36_864, 2_073_600, 240_000),
+)
+
+# libx264 preset name -> NVENC preset (p1 fastest .. p7 best), so one setting means
+# "how much effort" on both encoders.
+_NVENC_PRESETS: dict[str, str] = {
+    "ultrafast": "p1",
+    "superfast": "p1",
+    "veryfast": "p2",
+    "faster": "p3",
+    "fast": "p3",
+    "medium": "p4",
+    "slow": "p5",
+    "slower": "p6",
+    "veryslow": "p7",
+}
+
+# How far REMB may move the bitrate from the configured one. Below 0.25× the picture
+# falls apart. The configured bitrate is the ceiling: above it we would spend CPU and
+# bandwidth the session was not sized for (a receiver's REMB climbed to 1.4× within
+# 10 s of a call on loopback).
+REMB_MIN_FACTOR = 0.25
+REMB_MAX_FACTOR = 1.0
+
+# The RTP clock: frames keep their pts exactly. A 1/fps time base (aiortc uses 1/30)
+# makes PyAV round every pts, which jitters x264's rate control for 25 fps input.
+TIME_BASE = Fraction(1, 90_000)
+
+
+def default_bitrate(width: int, height: int, fps: float) -> int:
+    """Bits per second for a frame size when ``video.bitrate_kbps`` is not set.
+
+    1.2 Mbit/s up to 854×480, 2.5 up to 1280×720, 4.5 up to 1920×1080 (larger frames
+    scale by area), all at 25 fps and scaled linearly by ``fps / 25``.
+    """
+    area = width * height
+    largest_area, largest_rate = BITRATE_BY_AREA[-1]
+    base = next(
+        (rate for limit, rate in BITRATE_BY_AREA if area <= limit),
+        largest_rate * area / largest_area,
+    )
+    return round(base * fps / _BITRATE_REFERENCE_FPS)
+
+
+def h264_level(width: int, height: int, fps: float, max_bitrate: int) -> str:
+    """The smallest H.264 level (``"3.1"``, ``"4.0"`` ...) that fits the frame size, the
+    macroblock rate and ``max_bitrate`` (bits/s); the largest level if none does."""
+    frame_mbs = math.ceil(width / 16) * math.ceil(height / 16)
+    for level, max_fs, max_mbps, max_kbps in H264_LEVELS:
+        if frame_mbs <= max_fs and frame_mbs * fps <= max_mbps and max_bitrate <= max_kbps * 1000:
+            return level
+    return H264_LEVELS[-1][0]
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Everything one H.264 encoder is opened with.
+
+    ``preset`` is the libx264 preset name as configured; NVENC maps it to p1..p7.
+    ``bitrate`` is in bits per second; ``gop`` is the keyframe interval in frames.
+    """
+
+    codec_name: CodecName
+    width: int
+    height: int
+    fps: int
+    preset: str
+    bitrate: int
+    gop: int
+    level: str
+    profile: str = "baseline"
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
+            raise ValueError(
+                f"frame size {self.width}x{self.height} must be positive and even (yuv420p)"
+            )
+        if self.fps <= 0:
+            raise ValueError(f"fps must be positive, got {self.fps}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = the encoder decides), got {self.threads}")
+        if self.bitrate <= 0 or self.gop < 1:
+            raise ValueError(f"bitrate ({self.bitrate}) and gop ({self.gop}) must be positive")
+        if self.preset not in _NVENC_PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; use one of {list(_NVENC_PRESETS)}")
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: VideoSettings,
+        width: int,
+        height: int,
+        fps: int = 25,
+        *,
+        codec_name: CodecName = "libx264",
+    ) -> EncoderConfig:
+        """Build the config for one stream from the ``video`` settings section."""
+        if settings.bitrate_kbps is not None:
+            bitrate = settings.bitrate_kbps * 1000
+        else:
+            bitrate = default_bitrate(width, height, fps)
+        return cls(
+            codec_name=codec_name,
+            width=width,
+            height=height,
+            fps=fps,
+            preset=settings.preset,
+            bitrate=bitrate,
+            gop=max(1, round(settings.keyframe_interval_s * fps)),
+            level=h264_level(width, height, fps, round(bitrate * REMB_MAX_FACTOR)),
+            threads=settings.encoder_threads,
+        )
+
+    @property
+    def min_bitrate(self) -> int:
+        """The lowest bitrate REMB may ask for (0.25× the configured one)."""
+        return round(self.bitrate * REMB_MIN_FACTOR)
+
+    @property
+    def max_bitrate(self) -> int:
+        """The highest bitrate REMB may ask for (the configured one)."""
+        return round(self.bitrate * REMB_MAX_FACTOR)
+
+    def resized(self, width: int, height: int) -> EncoderConfig:
+        """The same config for another frame size (level recomputed, bitrate kept)."""
+        level = h264_level(width, height, self.fps, self.max_bitrate)
+        return replace(self, width=width, height=height, level=level)
+
+    def codec_options(self, bitrate: int | None = None) -> dict[str, str]:
+        """FFmpeg options for ``codec_name`` at ``bitrate`` (default: the configured one).
+
+        Both encoders: constrained baseline (what every browser decodes), no B-frames,
+        no lookahead, a keyframe every ``gop`` frames, and forced keyframes as IDR so a
+        PLI really gives the receiver a fresh start.
+        """
+        rate = self.bitrate if bitrate is None else bitrate
+        common = {
+            "profile": self.profile,
+            "level": self.level,
+            "g": str(self.gop),
+            "bf": "0",
+            "forced-idr": "1",
+            # A one-second VBV buffer caps bursts (aiortc has no pacer: every packet of
+            # a frame leaves at once) without starving keyframes.
+            "bufsize": str(rate),
+        }
+        if self.codec_name == "h264_nvenc":
+            return common | {
+                "preset": _NVENC_PRESETS[self.preset],
+                "tune": "ull",
+                "zerolatency": "1",
+                "delay": "0",
+                "rc": "cbr",
+            }
+        options = common | {
+            "preset": self.preset,
+            "tune": "zerolatency",
+            "maxrate": str(rate),
+            # One thread per stream by default: a server runs many streams at once, so
+            # streams are the parallelism; x264's own default (1.5 threads per core,
+            # sliced with zerolatency) would start dozens of threads per call.
+            "threads": str(self.threads),
+        }
+        if self.preset == "ultrafast":
+            # x264's ultrafast also turns the deblocking filter off, which shows as
+            # blocks when REMB lowers the bitrate; keeping it costs little (720p at
+            # 625 kbit/s: Y-PSNR 50.6 -> 51.0 dB, encode time within this VM's noise).
+            options["x264-params"] = "deblock=0,0"
+        return options
+
+
+def open_codec(config: EncoderConfig, bitrate: int | None = None) -> VideoCodecContext:
+    """Create and open an encoder context for ``config`` (raises ``av.FFmpegError``)."""
+    rate = config.bitrate if bitrate is None else bitrate
+    codec = av.CodecContext.create(config.codec_name, "w")
+    codec.width = config.width
+    codec.height = config.height
+    codec.pix_fmt = "yuv420p"
+    codec.framerate = Fraction(config.fps)
+    codec.time_base = TIME_BASE
+    codec.bit_rate = rate
+    codec.options = config.codec_options(rate)
+    # Open now rather than on the first encode so a failure can be handled where the
+    # codec is chosen (NVENC -> libx264), not in the middle of aiortc's send loop.
+    codec.open()
+    return codec
