@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypedDict
+from typing import cast
 
 from aiohttp import web
 
@@ -32,99 +32,24 @@ from web.admin_auth import admin_only
 from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
 from web.errors import RequestError
 from web.health import health, ready
-from web.request_body import parse_json_object, read_limited
+from web.request_body import parse_body, read_limited
+from web.schemas import (
+    Cache,
+    Device,
+    DeviceKind,
+    Global,
+    HungUp,
+    LoadRequest,
+    Model,
+    Models,
+    SessionInfo,
+    Sessions,
+    Stats,
+    Worker,
+)
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_LOAD_BODY = 1024
-
-
-class Model(TypedDict):
-    id: str
-    state: str
-    device: str | None
-    memory_bytes: int
-    usage_count: int
-    frames: int
-    total_inference_ms: float
-    mean_inference_ms: float
-    last_used: str | None  # ISO-8601 UTC
-    loaded_at: str | None
-    load_seconds: float | None
-    last_error: str | None
-    refcount: int
-
-
-class Worker(TypedDict):
-    name: str
-    batches: int
-    frames: int
-    busy_seconds: float
-
-
-class DeviceInfo(TypedDict):
-    name: str
-    kind: str
-    models_loaded: int
-    memory_used_bytes: int  # measured memory of the models loaded there
-    memory_total_bytes: int | None
-    queue_depth: int
-    batches: int
-    frames: int
-    busy_fraction: float
-    mean_batch_size: float
-    expired: int
-    rejected: int
-    workers_restarted: int
-    workers: list[Worker]
-
-
-class Cache(TypedDict):
-    hits: int
-    misses: int
-    hit_rate: float
-    evictions: int
-    bytes: int
-    max_bytes: int
-    entries: int
-
-
-class Global(TypedDict):
-    models_registered: int
-    models_loaded: int
-    live_sessions: int
-    sessions_started: int
-    sessions_ended: int
-    sessions_rejected: int
-    frames_served: int
-    frames_dropped: dict[str, int]
-    evictions: dict[str, int]
-    uptime_s: float
-    version: str
-
-
-# "global" is a keyword, so this TypedDict needs the functional form.
-Stats = TypedDict(
-    "Stats",
-    {"models": list[Model], "devices": list[DeviceInfo], "cache": Cache, "global": Global},
-)
-
-
-class AddedDelay(TypedDict):
-    p50: float
-    p95: float
-
-
-class SessionInfo(TypedDict):
-    id: str
-    avatar: str
-    state: str
-    uptime_s: float
-    output_fps: float
-    added_delay_ms: AddedDelay
-    av_offset_ms: float | None
-    frames_dropped: dict[str, int]
-    bitrate_bps: int | None
-    remote: str | None
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -151,34 +76,28 @@ def _model(m: ModelSnapshot) -> Model:
     )
 
 
-async def _model_entry(request: web.Request, model_id: str) -> Model:
+async def _model_entry(request: web.Request, model_id: str) -> web.Response:
     model = (await request.app[CORE].snapshot()).model(model_id)
     if model is None:
         raise RequestError(404, "model_not_found", f"no model {model_id!r} is registered")
-    return _model(model)
+    return web.json_response(_model(model).dump())
 
 
 async def list_models(request: web.Request) -> web.Response:
     """Every registered model, loaded or not."""
     snapshot = await request.app[CORE].snapshot()
-    return web.json_response({"models": [_model(m) for m in snapshot.models]})
+    return web.json_response(Models(models=[_model(m) for m in snapshot.models]).dump())
 
 
 async def _device_index(request: web.Request) -> int | None:
-    """The optional ``{"device": index}`` of a load request (400 for anything else)."""
+    """The optional ``{"device": index}`` of a load request (400 ``bad_device`` if none)."""
     body = await read_limited(request, MAX_LOAD_BODY)
     if not body.strip():
         return None
-    data = parse_json_object(body, example='{"device": 0}')
-    device = data.get("device")
-    if device is None:
-        return None
     devices = request.app[CORE].devices
-    names = ", ".join(f"{d.index}={d.name}" for d in devices)
-    # bool is an int in Python; true/false is not a device index.
-    if not isinstance(device, int) or isinstance(device, bool):
-        raise RequestError(400, "bad_device", f"device must be an integer index ({names})")
-    if not 0 <= device < len(devices):
+    names = "devices: " + ", ".join(f"{d.index}={d.name}" for d in devices)
+    device = parse_body(LoadRequest, body, example='{"device": 0}', hint=names).device
+    if device is not None and device >= len(devices):
         raise RequestError(400, "bad_device", f"device {device} does not exist ({names})")
     return device
 
@@ -193,14 +112,14 @@ async def load_model(request: web.Request) -> web.Response:
         await core.load(model_id, device)
     except LoadTimeoutError as exc:  # the load goes on in the background
         raise RequestError(504, "load_timeout", str(exc)) from None
-    return web.json_response(await _model_entry(request, model_id))
+    return await _model_entry(request, model_id)
 
 
 async def unload_model(request: web.Request) -> web.Response:
     """Unload a model that nobody holds (409 while sessions use it)."""
     model_id = request.match_info["model_id"]
     await request.app[CORE].unload(model_id)
-    return web.json_response(await _model_entry(request, model_id))
+    return await _model_entry(request, model_id)
 
 
 def _merge(counts: dict[str, int], reason: str, count: int) -> None:
@@ -208,11 +127,11 @@ def _merge(counts: dict[str, int], reason: str, count: int) -> None:
         counts[reason] = counts.get(reason, 0) + count
 
 
-def _device(d: DeviceSnapshot) -> DeviceInfo:
+def _device(d: DeviceSnapshot) -> Device:
     s = d.scheduler
-    return DeviceInfo(
+    return Device(
         name=d.name,
-        kind=d.kind,
+        kind=cast(DeviceKind, d.kind),  # the model checks it
         models_loaded=d.models_loaded,
         memory_used_bytes=d.model_memory_bytes,
         memory_total_bytes=d.memory_total_bytes,
@@ -251,13 +170,13 @@ async def stats(request: web.Request) -> web.Response:
         for reason, count in totals.frames_dropped.items()
         if reason not in ("DeadlineExceededError", "QueueFullError")
     }
-    _merge(dropped, "expired", sum(d["expired"] for d in devices))
-    _merge(dropped, "rejected", sum(d["rejected"] for d in devices))
+    _merge(dropped, "expired", sum(d.expired for d in devices))
+    _merge(dropped, "rejected", sum(d.rejected for d in devices))
     c = live.cache
-    payload: Stats = {
-        "models": models,
-        "devices": devices,
-        "cache": Cache(
+    payload = Stats(
+        models=models,
+        devices=devices,
+        cache=Cache(
             hits=c.hits,
             misses=c.misses,
             hit_rate=round(c.hit_rate, 4),
@@ -266,9 +185,9 @@ async def stats(request: web.Request) -> web.Response:
             max_bytes=c.max_bytes,
             entries=c.entries,
         ),
-        "global": Global(
+        totals=Global(
             models_registered=len(models),
-            models_loaded=sum(1 for m in models if m["state"] == "loaded"),
+            models_loaded=sum(1 for m in models if m.state == "loaded"),
             live_sessions=totals.live,
             sessions_started=totals.started,
             sessions_ended=totals.ended,
@@ -279,8 +198,8 @@ async def stats(request: web.Request) -> web.Response:
             uptime_s=round(time.monotonic() - app[STARTED_AT], 1),
             version=_version(),
         ),
-    }
-    return web.json_response(payload)
+    )
+    return web.json_response(payload.dump())
 
 
 def _version() -> str:
@@ -293,28 +212,17 @@ def _version() -> str:
 async def list_sessions(request: web.Request) -> web.Response:
     """Every live session with its output rate, added delay and A/V offset."""
     infos = [
-        SessionInfo(
-            id=s.session_id,
-            avatar=s.avatar,
-            state=s.state,
-            uptime_s=s.uptime_s,
-            output_fps=s.output_fps,
-            added_delay_ms={"p50": s.added_delay_ms.p50, "p95": s.added_delay_ms.p95},
-            av_offset_ms=s.av_offset_ms,
-            frames_dropped=s.frames_dropped,
-            bitrate_bps=s.bitrate_bps,
-            remote=s.remote,
-        )
+        SessionInfo.model_validate(s, from_attributes=True)
         for s in request.app[SESSIONS].snapshot().sessions
     ]
-    return web.json_response({"sessions": infos})
+    return web.json_response(Sessions(sessions=infos).dump())
 
 
 async def hang_up(request: web.Request) -> web.Response:
     """End a live session (404 if there is none with that id)."""
     session_id = request.match_info["session_id"]
     await request.app[SESSIONS].close(session_id, "hung up by admin")
-    return web.json_response({"session_id": session_id, "state": "closed"})
+    return web.json_response(HungUp(session_id=session_id, state="closed").dump())
 
 
 async def page(request: web.Request) -> web.FileResponse:

@@ -9,6 +9,7 @@ traceback and answered 500 without internals.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -45,6 +46,7 @@ from streaming.exceptions import (
     SessionNotFoundError,
     StreamingError,
 )
+from web.schemas import Error, ErrorDetail
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +96,8 @@ def json_error(
 ) -> web.Response:
     """A JSON error response."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.json_response(
-        {"error": {"code": code, "message": message}}, status=status, headers=headers
-    )
+    body = Error(error=ErrorDetail(code=code, message=message))
+    return web.json_response(body.dump(), status=status, headers=headers)
 
 
 class RequestError(Exception):
@@ -132,7 +133,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = exc.reason.lower().replace(" ", "_")
+        # "Not Found" -> not_found: codes are [a-z0-9_]+, as the Error model says.
+        code = re.sub(r"[^a-z0-9]+", "_", exc.reason.lower())
         return json_error(exc.status, code, exc.text or exc.reason)
     except (RequestError, *LIBRARY_ERRORS) as exc:  # type: ignore[misc]
         response = response_for(exc)

@@ -14,33 +14,17 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import TypedDict
 
 from aiohttp import web
 
 from config.settings import AvatarsSettings
 from web.app_keys import CORE, DRAINING, SETTINGS
-
-
-class Health(TypedDict):
-    status: str
-
-
-class Ready(TypedDict):
-    ready: bool
-    avatar_root: str  # "readable" or "absent (demo avatar only)"
-    devices: list[str]  # the devices with running workers
-    draining: bool
-
-
-class NotReady(TypedDict):
-    ready: bool
-    reasons: list[str]
+from web.schemas import Health, NotReady, Ready
 
 
 async def health(request: web.Request) -> web.Response:
     """Alive: the event loop answers."""
-    return web.json_response(Health(status="ok"))
+    return web.json_response(Health(status="ok").dump())
 
 
 def check_avatar_root(avatars: AvatarsSettings) -> tuple[str | None, str | None]:
@@ -78,8 +62,7 @@ async def ready(request: web.Request) -> web.Response:
     if draining:
         reasons.append("the server is draining: it takes no new sessions")
     if reasons:
-        return web.json_response(NotReady(ready=False, reasons=reasons), status=503)
+        return web.json_response(NotReady(ready=False, reasons=reasons).dump(), status=503)
     assert root_state is not None
-    return web.json_response(
-        Ready(ready=True, avatar_root=root_state, devices=devices, draining=False)
-    )
+    body = Ready(ready=True, avatar_root=root_state, devices=devices, draining=False)
+    return web.json_response(body.dump())

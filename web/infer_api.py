@@ -18,36 +18,17 @@ from aiohttp import web
 from inference_core.avatars.package import check_avatar_id
 from web.app_keys import CORE, SETTINGS
 from web.errors import RequestError
-from web.request_body import read_limited
+from web.request_body import read_limited, validate
+from web.schemas import InferQuery
 
-MAX_REQUEST_FRAMES = 32
 _F32 = np.dtype("<f4")
 _WRITE_CHUNK = 1 << 20
-
-
-def _batch_size(request: web.Request) -> int:
-    raw = request.query.get("batch_size")
-    if raw is None:
-        raise RequestError(400, "missing_batch_size", "query parameter batch_size is required")
-    try:
-        n = int(raw)
-    except ValueError:
-        raise RequestError(
-            400, "bad_batch_size", f"batch_size must be an integer, got {raw[:20]!r}"
-        ) from None
-    if not 1 <= n <= MAX_REQUEST_FRAMES:
-        raise RequestError(
-            400,
-            "bad_batch_size",
-            f"batch_size must be between 1 and {MAX_REQUEST_FRAMES}, got {n}",
-        )
-    return n
 
 
 async def infer(request: web.Request) -> web.StreamResponse:
     """Run a raw batch through the model; see the module docstring for the wire format."""
     model_id = check_avatar_id(request.match_info["model_id"])
-    n = _batch_size(request)
+    n = validate(InferQuery, dict(request.query)).batch_size
     core = request.app[CORE]
     timeout_s = request.app[SETTINGS].server.request_timeout_s
     async with await core.open(model_id) as model:

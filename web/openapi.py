@@ -18,7 +18,7 @@ from aiohttp import web
 from inference_core.avatars.package import AVATAR_ID_PATTERN
 from streaming.audio_in.push import SUPPORTED_TYPES
 from streaming.audio_in.tts import VOICE_PATTERN
-from web.infer_api import MAX_REQUEST_FRAMES
+from web.schemas import MAX_REQUEST_FRAMES
 
 Json = dict[str, Any]
 

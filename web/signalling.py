@@ -13,37 +13,33 @@ GET    /webrtc-config               ICE servers for the browser
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
-from typing import Any
 
+import numpy as np
 from aiohttp import web
 
-from inference_core.avatars.package import check_avatar_id
 from streaming.audio_in.push import AudioLimits, decode_pushed_audio
-from streaming.audio_in.tts import check_text, check_voice
+from streaming.audio_in.tts import check_text
 from streaming.exceptions import SessionLimitError
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
-from web.request_body import parse_json_object, read_limited
+from web.request_body import read_json, read_limited
+from web.schemas import (
+    Answer,
+    Avatar,
+    Avatars,
+    HungUp,
+    IceServer,
+    Interrupted,
+    Offer,
+    Queued,
+    Say,
+    SessionState,
+    WebRtcConfig,
+)
 from web.session_tokens import require_token
-
-
-async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
-    return parse_json_object(await read_limited(request, limit, "the JSON body"))
-
-
-def _string(data: dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise RequestError(400, "bad_field", f"field {key!r} must be a string")
-    return value
-
-
-def _optional_string(data: dict[str, Any], key: str) -> str | None:
-    return None if data.get(key) is None else _string(data, key)
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -60,20 +56,15 @@ async def offer(request: web.Request) -> web.Response:
             f"{settings.server.offer_rate_limit_per_minute} per minute",
             retry_after=max(1, math.ceil(wait)),
         )
-    data = await _json_body(request, settings.server.max_offer_bytes)
-    sdp = _string(data, "sdp")
-    sdp_type = _string(data, "type")
-    avatar = check_avatar_id(_optional_string(data, "avatar") or "demo")
+    body = await read_json(request, Offer, settings.server.max_offer_bytes)
+    avatar = body.avatar_id
     require_token(request, settings.auth, avatar)
     request.app[CORE].check_registered(avatar)  # 404 for an unknown avatar, whatever the SDP
-    if sdp_type != "offer":
-        raise RequestError(400, "bad_offer", f"type must be 'offer', got {sdp_type[:20]!r}")
-    info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
-    session = await request.app[SESSIONS].create(sdp, info, avatar, request.remote)
-    local = session.pc.localDescription
-    return web.json_response(
-        {"sdp": local.sdp, "type": local.type, "session_id": session.session_id}
-    )
+    info = check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
+    session = await request.app[SESSIONS].create(body.sdp, info, avatar, request.remote)
+    sdp = session.pc.localDescription.sdp
+    answer = Answer(sdp=sdp, type="answer", session_id=session.session_id)
+    return web.json_response(answer.dump())
 
 
 def _session(request: web.Request) -> Session:
@@ -87,13 +78,14 @@ async def hang_up(request: web.Request) -> web.Response:
     """End a session."""
     session = _session(request)
     await session.close("hung up by API")
-    return web.json_response({"session_id": session.session_id, "state": "closed"})
+    return web.json_response(HungUp(session_id=session.session_id, state="closed").dump())
 
 
 async def session_state(request: web.Request) -> web.Response:
     """One session's state and counters."""
     session = _session(request)
-    return web.json_response(dataclasses.asdict(session.snapshot()))
+    state = SessionState.model_validate(session.snapshot(), from_attributes=True)
+    return web.json_response(state.dump())
 
 
 async def push_audio(request: web.Request) -> web.Response:
@@ -106,35 +98,30 @@ async def push_audio(request: web.Request) -> web.Response:
     samples = await asyncio.to_thread(
         decode_pushed_audio, body, content_type, dict(request.query), limits=limits
     )
+    return web.json_response(_queue(session, samples).dump(), status=202)
+
+
+def _queue(session: Session, samples: np.ndarray) -> Queued:
+    """Queue 16 kHz audio in ``session``: how long it is, how much is queued now."""
     queued = session.push_audio(samples)
-    return web.json_response(
-        {"duration_ms": round(len(samples) / 16, 1), "queued_ms": round(queued * 1000, 1)},
-        status=202,
-    )
+    return Queued(duration_ms=round(len(samples) / 16, 1), queued_ms=round(queued * 1000, 1))
 
 
 async def say(request: web.Request) -> web.Response:
     """Speak text through the configured text-to-speech engine (202)."""
     settings = request.app[SETTINGS]
     session = _session(request)
-    data = await _json_body(request, 4 * settings.session.max_say_chars + 1024)
-    text = check_text(_string(data, "text"), settings.session.max_say_chars)
-    voice = _optional_string(data, "voice")
-    samples = await request.app[TTS].synthesize(
-        text, voice=check_voice(voice) if voice is not None else None
-    )
-    queued = session.push_audio(samples)
-    return web.json_response(
-        {"duration_ms": round(len(samples) / 16, 1), "queued_ms": round(queued * 1000, 1)},
-        status=202,
-    )
+    body = await read_json(request, Say, 4 * settings.session.max_say_chars + 1024)
+    text = check_text(body.text, settings.session.max_say_chars)
+    samples = await request.app[TTS].synthesize(text, voice=body.voice)
+    return web.json_response(_queue(session, samples).dump(), status=202)
 
 
 async def interrupt(request: web.Request) -> web.Response:
     """Drop a session's queued audio and frames."""
     session = _session(request)
     dropped = session.interrupt()
-    return web.json_response({"dropped_ms": round(dropped * 1000, 1)})
+    return web.json_response(Interrupted(dropped_ms=round(dropped * 1000, 1)).dump())
 
 
 async def avatars(request: web.Request) -> web.Response:
@@ -146,20 +133,21 @@ async def avatars(request: web.Request) -> web.Response:
     if missing:
         found = await asyncio.to_thread(lambda: {i: core.display_name(i) for i in missing})
         names.update(found)
-    return web.json_response({"avatars": [{"id": i, "name": names[i]} for i in ids]})
+    listed = Avatars(avatars=[Avatar(id=i, name=names[i]) for i in ids])
+    return web.json_response(listed.dump())
 
 
 async def webrtc_config(request: web.Request) -> web.Response:
     """The ICE servers browsers should use (credentials included: they are for clients)."""
-    servers = []
-    for server in request.app[SETTINGS].server.ice_servers:
-        entry: dict[str, Any] = {"urls": list(server.urls)}
-        if server.username is not None:
-            entry["username"] = server.username
-        if server.credential is not None:
-            entry["credential"] = server.credential.get_secret_value()
-        servers.append(entry)
-    return web.json_response({"iceServers": servers})
+    servers = [
+        IceServer(
+            urls=list(server.urls),
+            username=server.username,
+            credential=None if server.credential is None else server.credential.get_secret_value(),
+        )
+        for server in request.app[SETTINGS].server.ice_servers
+    ]
+    return web.json_response(WebRtcConfig(ice_servers=servers).dump())
 
 
 def add_routes(app: web.Application) -> None:

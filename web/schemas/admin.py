@@ -1,0 +1,144 @@
+"""The admin API: models, devices, the background cache, totals and live sessions.
+
+Built by :mod:`web.admin` from the operators' snapshots only
+(:class:`inference_core.serving.snapshot.CoreSnapshot`,
+:class:`streaming.live.snapshot.SessionsSnapshot`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
+
+from inference_core.serving.snapshot import ModelState
+from web.schemas.base import (
+    AvatarId,
+    Count,
+    Counts,
+    NonNegative,
+    RequestModel,
+    ResponseModel,
+    SessionStateName,
+    UtcTime,
+)
+from web.schemas.signalling import AddedDelay
+
+
+class LoadRequest(RequestModel):
+    """Optional: an empty body loads where placement puts the model."""
+
+    wrong_type_code = "bad_device"
+    value_codes: ClassVar[Mapping[str, str]] = {"device": "bad_device"}
+
+    device: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Device index (see `GET /admin/stats`); default: placement by "
+        "`registry.assignment`.",
+    )
+
+
+class Model(ResponseModel):
+    id: AvatarId = Field(description="The model's avatar id.")
+    state: ModelState
+    device: str | None = Field(description="Where it is loaded.")
+    memory_bytes: Count
+    usage_count: Count
+    frames: Count
+    total_inference_ms: NonNegative
+    mean_inference_ms: NonNegative
+    last_used: UtcTime | None
+    loaded_at: UtcTime | None
+    load_seconds: NonNegative | None
+    last_error: str | None
+    refcount: Count = Field(description="Sessions and requests holding it.")
+
+
+class Models(ResponseModel):
+    models: list[Model]
+
+
+class Worker(ResponseModel):
+    name: str
+    batches: Count
+    frames: Count
+    busy_seconds: NonNegative
+
+
+DeviceKind = Literal["cpu", "cuda"]
+
+
+class Device(ResponseModel):
+    name: str = Field(description="e.g. `cuda:0`, `cpu:0`.")
+    kind: DeviceKind
+    models_loaded: Count
+    memory_used_bytes: Count = Field(description="Measured memory of its models.")
+    memory_total_bytes: Count | None
+    queue_depth: Count
+    batches: Count
+    frames: Count
+    busy_fraction: NonNegative
+    mean_batch_size: NonNegative
+    expired: Count = Field(description="Frames dropped at their deadline.")
+    rejected: Count = Field(description="Frames refused by a full queue.")
+    workers_restarted: Count = Field(description="Worker threads that died and were replaced.")
+    workers: list[Worker]
+
+
+class Cache(ResponseModel):
+    """The background-frame cache."""
+
+    hits: Count
+    misses: Count
+    hit_rate: float = Field(ge=0, le=1)
+    evictions: Count
+    bytes: Count
+    max_bytes: Count
+    entries: Count
+
+
+class Global(ResponseModel):
+    """Server-wide totals since start-up."""
+
+    models_registered: Count
+    models_loaded: Count
+    live_sessions: Count
+    sessions_started: Count
+    sessions_ended: Count
+    sessions_rejected: Count
+    frames_served: Count
+    frames_dropped: Counts = Field(description="Frames not served, by reason.")
+    evictions: Counts = Field(description="Model evictions: `capacity`, `idle`, `admin`.")
+    uptime_s: NonNegative
+    version: str
+
+
+class Stats(ResponseModel):
+    models: list[Model]
+    devices: list[Device]
+    cache: Cache
+    # "global" is a Python keyword: the attribute has another name, the key is "global".
+    totals: Global = Field(serialization_alias="global")
+
+
+class SessionInfo(ResponseModel):
+    """One live session."""
+
+    # Read from the session's SessionSnapshot: its `session_id` is this `id`.
+    id: str = Field(validation_alias="session_id", description="The session id.")
+    avatar: AvatarId = Field(description="The avatar this session shows.")
+    state: SessionStateName
+    uptime_s: NonNegative
+    output_fps: NonNegative
+    added_delay_ms: AddedDelay
+    av_offset_ms: float | None
+    frames_dropped: Counts = Field(
+        description="Frames shown idle instead of lip-synced, by reason."
+    )
+    bitrate_bps: int | None
+    remote: str | None
+
+
+class Sessions(ResponseModel):
+    sessions: list[SessionInfo]

@@ -1,0 +1,183 @@
+"""Signalling and session control: the offer, the answer, a session's state, speech.
+
+:class:`SessionState` mirrors :class:`streaming.live.snapshot.SessionSnapshot` field for
+field (``tests/test_schemas.py`` holds them together) and is built from one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
+
+from inference_core.avatars.package import AVATAR_ID_PATTERN
+from streaming.audio_in.tts import VOICE_PATTERN
+from web.schemas.base import (
+    AvatarId,
+    Count,
+    Counts,
+    NonNegative,
+    RequestModel,
+    ResponseModel,
+    SessionId,
+    SessionStateName,
+)
+
+# --- requests --------------------------------------------------------------------------
+
+
+class Offer(RequestModel):
+    """At most `server.max_offer_bytes` of JSON."""
+
+    value_codes: ClassVar[Mapping[str, str]] = {"type": "bad_offer", "avatar": "invalid_model_id"}
+
+    sdp: str = Field(description="The caller's complete SDP offer.")
+    type: Literal["offer"]
+    avatar: Annotated[str, Field(pattern=f"^({AVATAR_ID_PATTERN.pattern})?$")] | None = Field(
+        default="demo",
+        description="Avatar id (see `GET /avatars`); empty or null means `demo`.",
+    )
+
+    @property
+    def avatar_id(self) -> str:
+        """The avatar asked for, ``demo`` when none is named."""
+        return self.avatar or "demo"
+
+
+class Say(RequestModel):
+    value_codes: ClassVar[Mapping[str, str]] = {"text": "bad_text", "voice": "bad_text"}
+
+    text: str = Field(
+        min_length=1,
+        description="At most `session.max_say_chars` characters; control characters become spaces.",
+    )
+    voice: Annotated[str, Field(pattern=VOICE_PATTERN)] | None = Field(
+        default=None,
+        description="An engine voice such as `en`, `en-us` or `en+f3` (default `tts.voice`).",
+    )
+
+
+class AudioQuery(RequestModel):
+    """The raw PCM parameters of ``POST /sessions/{id}/audio``, for the document only.
+
+    :func:`streaming.audio_in.push.decode_pushed_audio` reads and checks them (they may
+    also come as content-type parameters) and answers ``bad_audio``;
+    ``tests/test_schemas.py`` checks that it takes what this model allows.
+    """
+
+    missing_code = wrong_type_code = "bad_audio"
+
+    format: Literal["s16le", "f32le"] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Raw PCM sample format (required for `application/octet-stream`).",
+    )
+    rate: Annotated[int, Field(ge=1000, le=384_000)] | SkipJsonSchema[None] = Field(
+        default=None, description="Raw PCM sample rate in Hz (required for raw PCM)."
+    )
+    channels: Annotated[int, Field(ge=1, le=32)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Raw PCM channels, interleaved (default 1 for `audio/L16`, required "
+        "otherwise).",
+    )
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+class Answer(ResponseModel):
+    sdp: str = Field(description="The server's SDP answer.")
+    type: Literal["answer"]
+    session_id: SessionId
+
+
+class AddedDelay(ResponseModel):
+    """Time from a frame's audio being complete to it being ready, over the last 500 frames."""
+
+    p50: float
+    p95: float
+
+
+class BufferedMedia(ResponseModel):
+    """Media made and waiting for its send slot."""
+
+    audio_chunks: Count
+    frames: Count
+
+
+class SessionState(ResponseModel):
+    session_id: SessionId
+    avatar: AvatarId = Field(description="The avatar this session shows.")
+    state: SessionStateName = Field(
+        description="`new` until ICE connects, `streaming` once media flows."
+    )
+    uptime_s: NonNegative
+    frames_sent: Count
+    frames_inferred: Count = Field(description="Frames composed with an inferred face.")
+    frames_skipped: Count = Field(description="Send slots skipped because the track fell behind.")
+    frames_dropped: Counts = Field(
+        description="Frames shown idle instead of lip-synced, by reason (`late`, "
+        "`overload`, `not_ready`, or an error's name)."
+    )
+    delay_ms: float = Field(
+        description="Lookahead + one audio tick + `session.pipeline_margin_ms`."
+    )
+    lookahead_ms: float
+    added_delay_ms: AddedDelay
+    queued_audio_s: NonNegative
+    buffered: BufferedMedia
+    remote: str | None = Field(description="The caller's address as the server saw it.")
+    output_fps: NonNegative = Field(
+        description="Video frames sent per second over about the last 5 s."
+    )
+    av_offset_ms: float | None = Field(
+        description="Next audio chunk's time minus next video frame's time (about 0); "
+        "null before media flows or without an audio track."
+    )
+    bitrate_bps: int | None = Field(
+        description="The video encoder's target bitrate, once it exists."
+    )
+
+
+class HungUp(ResponseModel):
+    session_id: SessionId
+    state: Literal["closed"]
+
+
+class Queued(ResponseModel):
+    duration_ms: NonNegative = Field(description="This audio.")
+    queued_ms: NonNegative = Field(
+        description="All audio now queued in the session, this included."
+    )
+
+
+class Interrupted(ResponseModel):
+    dropped_ms: NonNegative = Field(description="Audio dropped.")
+
+
+class Avatar(ResponseModel):
+    id: AvatarId = Field(description="Pass as `avatar` in `POST /offer`.")
+    name: str = Field(description="Display name.")
+
+
+class Avatars(ResponseModel):
+    avatars: list[Avatar] = Field(description="Sorted by id.")
+
+
+class IceServer(ResponseModel):
+    urls: list[str] = Field(min_length=1)
+    # Sent only when configured: absent, never null.
+    username: str | SkipJsonSchema[None] = None
+    credential: str | SkipJsonSchema[None] = None
+
+
+class WebRtcConfig(ResponseModel):
+    ice_servers: list[IceServer] = Field(
+        serialization_alias="iceServers",
+        description="`server.ice_servers`, ready for `new RTCPeerConnection()`.",
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """The config with unset TURN credentials left out (not null)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
