@@ -1,24 +1,33 @@
-"""The request and response models: the codes bad input answers, the snapshots they mirror."""
+"""The request and response models: the codes bad input answers, the snapshots they mirror,
+and that the OpenAPI document is generated from them (a model change shows in it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
+from pydantic import create_model
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from streaming.audio_in.exceptions import AudioInputError
 from streaming.audio_in.push import decode_pushed_audio
 from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from web import openapi
 from web.errors import RequestError
 from web.request_body import parse_body, validate
 from web.schemas import (
+    OPERATIONS,
     AudioQuery,
     InferQuery,
     LoadRequest,
     Offer,
     RequestModel,
+    ResponseModel,
     Say,
     SessionInfo,
     SessionState,
@@ -113,6 +122,43 @@ def test_a_response_that_breaks_its_model_is_refused() -> None:
     broken = dataclasses.replace(SNAPSHOT, state="dancing")
     with pytest.raises(ValueError, match="state"):
         SessionState.model_validate(broken, from_attributes=True)
+
+
+def _schema_validator(document: dict[str, Any], component: str) -> jsonschema.Validator:
+    registry: Registry[Any] = Registry().with_resource(
+        "urn:doc", DRAFT202012.create_resource(document)
+    )
+    schema = {"$ref": f"urn:doc#/components/schemas/{component}"}
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def test_a_model_change_shows_in_the_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    response = SessionState.model_validate(SNAPSHOT, from_attributes=True).dump()
+    _schema_validator(openapi.openapi_document(), "SessionState").validate(response)
+
+    # The same model without `bitrate_bps`: the document follows, and the real response
+    # no longer fits it.
+    fields: dict[str, Any] = {
+        name: (field.annotation, field)
+        for name, field in SessionState.model_fields.items()
+        if name != "bitrate_bps"
+    }
+    shorter = create_model("SessionState", __base__=ResponseModel, **fields)
+    operations = tuple(
+        dataclasses.replace(
+            operation,
+            replies=tuple(
+                dataclasses.replace(reply, model=shorter) if reply.model is SessionState else reply
+                for reply in operation.replies
+            ),
+        )
+        for operation in OPERATIONS
+    )
+    monkeypatch.setattr(openapi, "OPERATIONS", operations)
+    document = openapi.openapi_document()
+    assert "bitrate_bps" not in document["components"]["schemas"]["SessionState"]["properties"]
+    with pytest.raises(jsonschema.ValidationError, match="bitrate_bps"):
+        _schema_validator(document, "SessionState").validate(response)
 
 
 def _raw(query: dict[str, Any]) -> None:

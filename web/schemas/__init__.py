@@ -1,14 +1,16 @@
-"""The HTTP API's request and response bodies as pydantic models.
+"""The HTTP API's request and response bodies as pydantic models, and its operations.
 
-Handlers validate what clients send with the request models
-(:func:`web.request_body.validate` maps a failure to the documented error code) and
-build their answers from the response models.
+Defined once, used three ways: handlers validate what clients send with the request
+models (:func:`web.request_body.validate` maps a failure to the documented error code)
+and build their answers from the response models; :mod:`web.openapi` generates the
+OpenAPI document from the models and the route table (:data:`OPERATIONS`).
 
 Modules: :mod:`~web.schemas.base` (the two base classes, shared field types, the error
 body), :mod:`~web.schemas.signalling`, :mod:`~web.schemas.inference`,
-:mod:`~web.schemas.admin` and :mod:`~web.schemas.service` (one per tag of the
-document). Pure data: nothing here imports aiohttp or another ``web`` module, so every
-handler may import it.
+:mod:`~web.schemas.admin`, :mod:`~web.schemas.service` (one per tag of the document),
+:mod:`~web.schemas.operation` (how an operation is declared) and
+:mod:`~web.schemas.routes` (the route table). Pure data: nothing here imports aiohttp
+or another ``web`` module, so every handler may import it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from web.schemas.admin import (
 )
 from web.schemas.base import Error, ErrorDetail, RequestModel, ResponseModel
 from web.schemas.inference import MAX_REQUEST_FRAMES, InferQuery
+from web.schemas.operation import Header, Operation, Reply
+from web.schemas.routes import OPERATIONS
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
 from web.schemas.signalling import (
     AddedDelay,
@@ -48,6 +52,7 @@ from web.schemas.signalling import (
 
 __all__ = [
     "MAX_REQUEST_FRAMES",
+    "OPERATIONS",
     "AddedDelay",
     "Answer",
     "AudioQuery",
@@ -60,6 +65,7 @@ __all__ = [
     "Error",
     "ErrorDetail",
     "Global",
+    "Header",
     "Health",
     "HungUp",
     "IceServer",
@@ -71,8 +77,10 @@ __all__ = [
     "NotReady",
     "Offer",
     "OpenApiDocument",
+    "Operation",
     "Queued",
     "Ready",
+    "Reply",
     "RequestModel",
     "ResponseModel",
     "Say",

@@ -1,0 +1,343 @@
+"""The route table: every operation of the HTTP API, declared once (:data:`OPERATIONS`).
+
+:mod:`web.openapi` renders it as the OpenAPI document; ``tests/test_openapi.py`` checks
+it against the routes the app registers and the responses it sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from streaming.audio_in.push import SUPPORTED_TYPES
+from web.schemas.admin import LoadRequest, Model, Models, Sessions, Stats
+from web.schemas.base import Error
+from web.schemas.inference import InferQuery
+from web.schemas.operation import Header, Operation, Reply, file_replies
+from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
+from web.schemas.signalling import (
+    Answer,
+    AudioQuery,
+    Avatars,
+    HungUp,
+    Interrupted,
+    Offer,
+    Queued,
+    Say,
+    SessionState,
+    WebRtcConfig,
+)
+
+_MODEL_OPEN_500 = ("model_invalid", "model_load_failed")
+_MODEL_OPEN_503 = ("out_of_memory", "no_capacity", "shutting_down")
+_NO_SESSION: Mapping[int, tuple[str, ...]] = MappingProxyType({404: ("session_not_found",)})
+
+SESSION_OPERATIONS = (
+    Operation(
+        "create_session",
+        "post",
+        "/offer",
+        "sessions",
+        "Answer a WebRTC offer: start a session with an avatar",
+        (Reply(200, "The SDP answer; apply it to start media.", Answer),),
+        description="Send the offer once ICE gathering is complete (the server does not "
+        "trickle). Offer video (`recvonly`); audio is optional. The session starts once "
+        "ICE connects and ends if it does not within `session.ice_timeout_s`.",
+        body=Offer,
+        access="session",
+        errors={
+            400: ("bad_offer",),
+            404: ("model_not_found",),
+            413: ("body_too_large",),
+            429: ("rate_limited",),
+            500: (*_MODEL_OPEN_500, "streaming_failed"),
+            503: ("too_many_sessions", *_MODEL_OPEN_503),
+        },
+    ),
+    Operation(
+        "get_session",
+        "get",
+        "/sessions/{session_id}",
+        "sessions",
+        "A session's state and counters",
+        (Reply(200, "The session.", SessionState),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "hang_up",
+        "delete",
+        "/sessions/{session_id}",
+        "sessions",
+        "Hang up",
+        (Reply(200, "The session is closed.", HungUp),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "push_audio",
+        "post",
+        "/sessions/{session_id}/audio",
+        "sessions",
+        "Queue audio for the avatar to speak",
+        (Reply(202, "Queued; it plays in real time.", Queued),),
+        description="An audio file (the `Content-Type` names its format; any rate and "
+        "channel count) or raw PCM: `audio/L16; rate=16000[; channels=N]` (big-endian "
+        "s16) or `application/octet-stream` / `audio/pcm` with `format`, `rate` and "
+        "`channels` as query or content-type parameters. At most "
+        "`session.max_audio_push_bytes` bytes and 600 s per push.",
+        body_media=SUPPORTED_TYPES,
+        query=AudioQuery,
+        access="session",
+        errors={
+            400: ("bad_audio",),
+            **_NO_SESSION,
+            413: ("body_too_large", "audio_too_large"),
+            429: ("audio_queue_full",),
+        },
+    ),
+    Operation(
+        "say",
+        "post",
+        "/sessions/{session_id}/say",
+        "sessions",
+        "Speak text through text-to-speech",
+        (Reply(202, "Synthesized and queued.", Queued),),
+        body=Say,
+        access="session",
+        errors={
+            400: ("bad_text",),
+            **_NO_SESSION,
+            413: ("body_too_large",),
+            429: ("audio_queue_full",),
+            502: ("tts_failed",),
+            503: ("tts_unavailable",),
+        },
+    ),
+    Operation(
+        "interrupt",
+        "post",
+        "/sessions/{session_id}/interrupt",
+        "sessions",
+        "Drop queued audio and frames: the avatar goes idle",
+        (Reply(200, "Interrupted.", Interrupted),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "list_avatars",
+        "get",
+        "/avatars",
+        "sessions",
+        "The avatars a client can ask for",
+        (Reply(200, "Sorted by id.", Avatars),),
+    ),
+    Operation(
+        "webrtc_config",
+        "get",
+        "/webrtc-config",
+        "sessions",
+        "ICE servers for the client's peer connection",
+        (Reply(200, "Credentials included: they are meant for clients.", WebRtcConfig),),
+    ),
+)
+
+_FLOATS = "application/octet-stream"
+
+INFERENCE_OPERATIONS = (
+    Operation(
+        "infer",
+        "post",
+        "/v1/infer/{model_id}",
+        "inference",
+        "Run a raw batch through an avatar's model",
+        (
+            Reply(
+                200,
+                "`N` outputs, float32 little-endian, channel-planar (`[N,3,S,S]`, values "
+                "in [0, 1]).",
+                media=(_FLOATS,),
+                headers=(
+                    Header("X-Lipstream-Device", "The device that ran it, e.g. `cuda:0`, `cpu:1`."),
+                    Header("X-Lipstream-Inference-Ms", "Queue + compute time in milliseconds."),
+                    Header("X-Lipstream-Batch-Size", "`N`.", integer=True),
+                    Header("X-Lipstream-Output-Shape", "Comma-separated, e.g. `2,3,320,320`."),
+                ),
+            ),
+        ),
+        description="For deployments that composite elsewhere. The body is `N` visual "
+        "inputs (float32 little-endian, `[6,S,S]` each, scaled as the model expects) "
+        "followed by `N` audio windows (float32, `[32,16,16]` each for unet_328). Batches "
+        "larger than the model's are split.",
+        body_media=(_FLOATS,),
+        query=InferQuery,
+        errors={
+            400: ("invalid_model_id", "bad_body_size", "bad_values", "bad_input"),
+            404: ("model_not_found",),
+            413: ("bad_body_size", "body_too_large"),
+            500: (*_MODEL_OPEN_500, "inference_failed"),
+            503: (*_MODEL_OPEN_503, "queue_full"),
+            504: ("deadline_exceeded",),
+        },
+    ),
+)
+
+ADMIN_OPERATIONS = (
+    Operation(
+        "admin_page",
+        "get",
+        "/admin",
+        "admin",
+        "The admin page",
+        (Reply(200, "HTML; its data comes from the JSON routes.", media=("text/html",)),),
+        description="Served without a token even when one is configured (a browser "
+        "navigation cannot send one; the page asks for it and sends it with every JSON "
+        "call). With no token configured, the loopback rule applies.",
+        errors={403: ("forbidden",)},
+    ),
+    Operation(
+        "list_models",
+        "get",
+        "/admin/models",
+        "admin",
+        "Every registered model, loaded or not",
+        (Reply(200, "The models.", Models),),
+        access="admin",
+    ),
+    Operation(
+        "load_model",
+        "post",
+        "/admin/models/{model_id}/load",
+        "admin",
+        "Load a model now and wait for it (a loaded model stays where it is)",
+        (Reply(200, "Loaded.", Model),),
+        body=LoadRequest,
+        body_required=False,
+        access="admin",
+        errors={
+            400: ("invalid_model_id",),
+            404: ("model_not_found",),
+            413: ("body_too_large",),
+            500: _MODEL_OPEN_500,
+            503: _MODEL_OPEN_503,
+            504: ("load_timeout",),
+        },
+    ),
+    Operation(
+        "unload_model",
+        "post",
+        "/admin/models/{model_id}/unload",
+        "admin",
+        "Unload a model now (a no-op when it is not loaded)",
+        (Reply(200, "Unloaded.", Model),),
+        access="admin",
+        errors={400: ("invalid_model_id",), 404: ("model_not_found",), 409: ("model_in_use",)},
+    ),
+    Operation(
+        "stats",
+        "get",
+        "/admin/stats",
+        "admin",
+        "Models, devices, the background cache and server-wide totals",
+        (Reply(200, "One snapshot.", Stats),),
+        access="admin",
+    ),
+    Operation(
+        "list_sessions",
+        "get",
+        "/admin/sessions",
+        "admin",
+        "Every live session",
+        (Reply(200, "The sessions.", Sessions),),
+        access="admin",
+    ),
+    Operation(
+        "end_session",
+        "delete",
+        "/admin/sessions/{session_id}",
+        "admin",
+        "End a session",
+        (Reply(200, "The session is closed.", HungUp),),
+        access="admin",
+        errors=_NO_SESSION,
+    ),
+)
+
+SERVICE_OPERATIONS = (
+    Operation(
+        "health",
+        "get",
+        "/health",
+        "service",
+        "Liveness: the process answers",
+        (Reply(200, "Alive.", Health),),
+    ),
+    Operation(
+        "ready",
+        "get",
+        "/ready",
+        "service",
+        "Readiness: the server takes new sessions and inference",
+        (
+            Reply(200, "Ready.", Ready),
+            Reply(
+                503,
+                "Not ready: the avatar root is unusable, a device has no running workers, "
+                "or the server is draining (shutting down).",
+                NotReady,
+            ),
+        ),
+        description="For load balancers; needs no admin access.",
+    ),
+    Operation(
+        "metrics",
+        "get",
+        "/metrics",
+        "service",
+        "Prometheus metrics",
+        (Reply(200, "Prometheus text exposition format 0.0.4.", media=("text/plain",)),),
+    ),
+    Operation(
+        "openapi",
+        "get",
+        "/openapi.json",
+        "service",
+        "This document",
+        (Reply(200, "OpenAPI 3.1.", OpenApiDocument),),
+    ),
+    Operation(
+        "demo_page",
+        "get",
+        "/",
+        "service",
+        "The browser demo page",
+        file_replies("text/html", "HTML."),
+    ),
+    Operation(
+        "static_file",
+        "get",
+        "/static/{filename}",
+        "service",
+        "Files of the demo page",
+        (
+            *file_replies("*/*", "The file, typed by its extension."),
+            Reply(
+                404,
+                "No such file. A name that does not exist gets an empty body (aiohttp "
+                "answers after the error middleware); a path outside the directory gets "
+                "the JSON error `not_found`.",
+                Error,
+                media=("application/octet-stream",),
+                empty=True,
+            ),
+        ),
+        errors={403: ("forbidden",)},
+    ),
+)
+
+OPERATIONS: tuple[Operation, ...] = (
+    *SESSION_OPERATIONS,
+    *INFERENCE_OPERATIONS,
+    *ADMIN_OPERATIONS,
+    *SERVICE_OPERATIONS,
+)
