@@ -20,10 +20,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any
 
 import av
@@ -41,8 +39,16 @@ from inference_core.serving.handle import ModelHandle
 from streaming.audio_in.resample import MonoResampler, resample_mono
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.mixer import AudioMixer
-from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
-from streaming.webrtc.compat import close_peer_connection, sender_encoder
+from streaming.live.reporting import SessionReport, sends_track, target_bitrate_bps
+from streaming.live.snapshot import BufferedMedia, SessionSnapshot
+from streaming.live.watchdogs import (
+    PEER_CHECK_S,
+    PEER_SILENCE_S,
+    AudioActivity,
+    connect_timed_out,
+    peer_silent,
+)
+from streaming.webrtc.compat import close_peer_connection
 from streaming.webrtc.tracks import (
     AUDIO_CHUNK_S,
     OUT_RATE,
@@ -59,57 +65,8 @@ logger = logging.getLogger(__name__)
 FEATURE_RATE = 16_000
 MAX_FRAMES_IN_FLIGHT = 8
 STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
-# A connected peer that sends nothing for this long is gone. Every WebRTC endpoint that
-# receives media sends RTCP receiver reports every few seconds (aiortc about every 1 s),
-# so this only fires for a peer that vanished; it frees it sooner and more surely than
-# aioice's consent checks (6 failures 4-6 s apart: 27-39 s, docs/architecture.md §12).
-PEER_SILENCE_S = 15.0
-PEER_CHECK_S = 1.0
 
-
-@dataclass
-class SessionStats:
-    """Counters of one session (read by the admin API)."""
-
-    frames_inferred: int = 0
-    frames_dropped: dict[str, int] = field(default_factory=dict)
-    processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500))
-
-    def drop(self, reason: str) -> None:
-        self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
-
-    def processing_percentiles(self) -> tuple[float, float]:
-        """p50 and p95 of the time from a frame's audio being complete to it being ready."""
-        if not self.processing_ms:
-            return 0.0, 0.0
-        values = np.asarray(self.processing_ms)
-        return float(np.percentile(values, 50)), float(np.percentile(values, 95))
-
-
-class RecentRate:
-    """Events per second over roughly the last ``window_s``, from a running total.
-
-    Sampled when read, so the hot path pays nothing: the rate is measured from the
-    newest sample at least ``window_s`` old (or the oldest one kept) to now. Until two
-    reads are ``min_span_s`` apart, it is the average since ``start``.
-    """
-
-    def __init__(self, window_s: float = 5.0, min_span_s: float = 0.5) -> None:
-        self._window_s = window_s
-        self._min_span_s = min_span_s
-        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
-
-    def update(self, now: float, total: int, start: float | None) -> float:
-        samples = self._samples
-        while len(samples) > 1 and now - samples[1][0] >= self._window_s:
-            samples.popleft()
-        base = samples[0] if samples else None
-        samples.append((now, total))
-        if base is not None and now - base[0] >= self._min_span_s:
-            return (total - base[1]) / (now - base[0])
-        if start is None or now <= start:
-            return 0.0
-        return total / (now - start)
+__all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "Session"]
 
 
 class Session:
@@ -138,7 +95,6 @@ class Session:
         self.session_id = session_id
         self.avatar_id = package.avatar_id
         self.remote = remote
-        self.created_at = time.time()
         self.pc = pc
         self.model = model
         self.frames = frames
@@ -149,7 +105,16 @@ class Session:
         )
         delay_ms = self.lookahead_ms + AUDIO_CHUNK_S * 1000 + settings.session.pipeline_margin_ms
         self.delay_s = delay_ms / 1000
-        self.stats = SessionStats()
+        self._report = SessionReport(
+            session_id,
+            self.avatar_id,
+            remote,
+            delay_s=self.delay_s,
+            lookahead_ms=self.lookahead_ms,
+            fps=self.fps,
+        )
+        self.stats = self._report.stats
+        self.created_at = self._report.created_at
         self.state = "new"
         self._executor = executor
         self._on_closed = on_closed
@@ -182,8 +147,13 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.end_reason: str | None = None
-        self.last_audio_at = time.monotonic()
-        self._output_rate = RecentRate()
+        self._activity = AudioActivity()
+
+    @property
+    def last_audio_at(self) -> float:
+        """When the session last had audio (``time.monotonic()``): pushed or spoken audio,
+        or caller audio above ``audio.vad_threshold_db``."""
+        return self._activity.last_audio_at
 
     # -- inputs ---------------------------------------------------------------------
 
@@ -196,9 +166,8 @@ class Session:
         """End the session if ICE has not connected within ``timeout_s``, or once the
         connected peer has sent nothing for ``PEER_SILENCE_S``."""
 
-        async def watchdog() -> None:
-            await asyncio.sleep(timeout_s)
-            if self.pc.connectionState != "connected":
+        async def ice_watchdog() -> None:
+            if await connect_timed_out(self.pc, timeout_s):
                 logger.info(
                     "session not connected after %.0f s: session=%s state=%s",
                     timeout_s,
@@ -207,28 +176,13 @@ class Session:
                 )
                 await self.close("ICE timeout")
 
-        self._spawn(watchdog(), f"ice-watchdog-{self.session_id[:8]}")
-        self._spawn(self._watch_peer(), f"peer-watchdog-{self.session_id[:8]}")
+        async def peer_watchdog() -> None:
+            quiet_s = await peer_silent(self.pc)
+            logger.info("nothing from the peer for %.0f s: session=%s", quiet_s, self.session_id)
+            await self.close("peer silent")
 
-    async def _watch_peer(self) -> None:
-        received, heard_at = -1, time.monotonic()
-        while True:
-            await asyncio.sleep(PEER_CHECK_S)
-            now = time.monotonic()
-            count = await self._packets_received()
-            if count != received or self.pc.connectionState != "connected":
-                received, heard_at = count, now
-            elif now - heard_at >= PEER_SILENCE_S:
-                logger.info(
-                    "nothing from the peer for %.0f s: session=%s", now - heard_at, self.session_id
-                )
-                await self.close("peer silent")
-                return
-
-    async def _packets_received(self) -> int:
-        """Packets (DTLS, SRTP, SRTCP) received from the peer on its transports so far."""
-        stats = (await self.pc.getStats()).values()
-        return sum(getattr(s, "packetsReceived", 0) for s in stats if s.type == "transport")
+        self._spawn(ice_watchdog(), f"ice-watchdog-{self.session_id[:8]}")
+        self._spawn(peer_watchdog(), f"peer-watchdog-{self.session_id[:8]}")
 
     def watch_idle(self, timeout_s: float) -> None:
         """End the session ("idle") after ``timeout_s`` with no audio; 0 means never.
@@ -240,10 +194,7 @@ class Session:
             return
 
         async def watchdog() -> None:
-            # Sleep until the session would be idle; audio meanwhile moves that moment on
-            # (a deadline, not a poll: there is nothing to wait on for "no audio").
-            while (quiet_s := time.monotonic() - self.last_audio_at) < timeout_s:  # noqa: ASYNC110
-                await asyncio.sleep(timeout_s - quiet_s)
+            await self._activity.idle(timeout_s)
             logger.info("session idle for %g s: session=%s", timeout_s, self.session_id)
             await self.close("idle")
 
@@ -262,7 +213,7 @@ class Session:
     def push_audio(self, samples_16k: np.ndarray) -> float:
         """Queue 16 kHz mono audio to be spoken; returns the seconds now queued."""
         queued = self._mixer.push(resample_mono(samples_16k, FEATURE_RATE, OUT_RATE))
-        self.last_audio_at = time.monotonic()
+        self._activity.heard()
         return queued
 
     def interrupt(self) -> float:
@@ -350,7 +301,7 @@ class Session:
     def _on_features(self, item: FrameAudio) -> None:
         level = item.level_db if item.index > self._silent_until else -120.0
         if level >= self.settings.audio.vad_threshold_db:
-            self.last_audio_at = time.monotonic()
+            self._activity.heard()
         step = self._sequencer.step(level)
         if not step.infer:
             return  # the video track shows the raw frame itself
@@ -499,46 +450,16 @@ class Session:
 
     def snapshot(self) -> SessionSnapshot:
         """This call's state and counters (``GET /sessions/{id}``, the admin API)."""
-        p50, p95 = self.stats.processing_percentiles()
-        fps = self._output_rate.update(time.monotonic(), self.video.frames_sent, self._clock.start)
-        return SessionSnapshot(
-            session_id=self.session_id,
-            avatar=self.avatar_id,
+        started_at = self._clock.start
+        sends_audio = started_at is not None and sends_track(self.pc, self.audio)
+        return self._report.snapshot(
             state=self.state,
-            uptime_s=round(time.time() - self.created_at, 1),
             frames_sent=self.video.frames_sent,
-            frames_inferred=self.stats.frames_inferred,
             frames_skipped=self.video.frames_skipped,
-            frames_dropped=dict(self.stats.frames_dropped),
-            delay_ms=round(self.delay_s * 1000, 1),
-            lookahead_ms=self.lookahead_ms,
-            added_delay_ms=AddedDelay(p50=round(p50, 1), p95=round(p95, 1)),
-            queued_audio_s=round(self.queued_audio_s, 2),
+            started_at=started_at,
+            video_next_index=self.video.next_index,
+            audio_next_index=self.audio.next_index if sends_audio else None,
+            queued_audio_s=self.queued_audio_s,
             buffered=BufferedMedia(audio_chunks=len(self._outbound), frames=len(self._ready)),
-            remote=self.remote,
-            output_fps=round(fps, 2),
-            av_offset_ms=self._av_offset_ms(),
-            bitrate_bps=self._bitrate_bps(),
+            bitrate_bps=target_bitrate_bps(self.pc, self.video),
         )
-
-    def _av_offset_ms(self) -> float | None:
-        """Where audio is on the session timeline minus where video is (≈0 by design).
-
-        Both tracks send media for timeline time t at start + delay + t, so their next
-        slots differ by less than one video frame. None before media or without audio.
-        """
-        if self._clock.start is None or not any(
-            sender.track is self.audio for sender in self.pc.getSenders()
-        ):
-            return None
-        audio_s = self.audio.next_index * AUDIO_CHUNK_S  # the next chunk the track sends
-        video_s = self.video.next_index / self.fps
-        return round((audio_s - video_s) * 1000, 1)
-
-    def _bitrate_bps(self) -> int | None:
-        for sender in self.pc.getSenders():
-            if sender.track is self.video:
-                encoder = sender_encoder(sender)
-                rate = getattr(encoder, "target_bitrate", None)
-                return rate if isinstance(rate, int) else None
-        return None

@@ -1,0 +1,169 @@
+"""What one session tells operators: its counters, and snapshots of them.
+
+:class:`SessionStats` holds the counters the render path bumps (frames inferred, frames
+dropped by reason, the added delay of the last 500 frames); :class:`SessionReport` turns
+them and the live values the session hands in into a
+:class:`~streaming.live.snapshot.SessionSnapshot`, the one view the admin API, ``/metrics``
+and ``/ready`` read (``docs/architecture.md`` §13). Rates are sampled when a snapshot is
+taken, so the hot path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection
+
+from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from streaming.webrtc.compat import sender_encoder
+from streaming.webrtc.tracks import AUDIO_CHUNK_S
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class SessionStats:
+    """Counters of one session (read by the admin API)."""
+
+    frames_inferred: int = 0
+    frames_dropped: dict[str, int] = field(default_factory=dict)
+    processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+
+    def drop(self, reason: str) -> None:
+        self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
+
+    def processing_percentiles(self) -> tuple[float, float]:
+        """p50 and p95 of the time from a frame's audio being complete to it being ready."""
+        if not self.processing_ms:
+            return 0.0, 0.0
+        values = np.asarray(self.processing_ms)
+        return float(np.percentile(values, 50)), float(np.percentile(values, 95))
+
+
+class RecentRate:
+    """Events per second over roughly the last ``window_s``, from a running total.
+
+    Sampled when read, so the hot path pays nothing: the rate is measured from the
+    newest sample at least ``window_s`` old (or the oldest one kept) to now. Until two
+    reads are ``min_span_s`` apart, it is the average since ``start``.
+    """
+
+    def __init__(self, window_s: float = 5.0, min_span_s: float = 0.5) -> None:
+        self._window_s = window_s
+        self._min_span_s = min_span_s
+        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
+
+    def update(self, now: float, total: int, start: float | None) -> float:
+        samples = self._samples
+        while len(samples) > 1 and now - samples[1][0] >= self._window_s:
+            samples.popleft()
+        base = samples[0] if samples else None
+        samples.append((now, total))
+        if base is not None and now - base[0] >= self._min_span_s:
+            return (total - base[1]) / (now - base[0])
+        if start is None or now <= start:
+            return 0.0
+        return total / (now - start)
+
+
+def av_offset_ms(audio_next_index: int, video_next_index: int, fps: int) -> float:
+    """Where audio is on the session timeline minus where video is (≈0 by design).
+
+    Both tracks send media for timeline time t at start + delay + t, so their next slots
+    (the next 20 ms chunk, the next frame) differ by less than one video frame.
+    """
+    audio_s = audio_next_index * AUDIO_CHUNK_S
+    video_s = video_next_index / fps
+    return round((audio_s - video_s) * 1000, 1)
+
+
+def sends_track(pc: RTCPeerConnection, track: MediaStreamTrack) -> bool:
+    """Whether ``pc`` sends ``track`` (the caller negotiated it)."""
+    return any(sender.track is track for sender in pc.getSenders())
+
+
+def target_bitrate_bps(pc: RTCPeerConnection, track: MediaStreamTrack) -> int | None:
+    """The target bitrate of the encoder sending ``track``, once aiortc made it."""
+    for sender in pc.getSenders():
+        if sender.track is track:
+            encoder = sender_encoder(sender)
+            rate = getattr(encoder, "target_bitrate", None)
+            return rate if isinstance(rate, int) else None
+    return None
+
+
+class SessionReport:
+    """The counters of one session and its snapshots.
+
+    ``clock`` (monotonic) times the output rate; ``wall_clock`` the uptime.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        avatar_id: str,
+        remote: str | None,
+        *,
+        delay_s: float,
+        lookahead_ms: float,
+        fps: int,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
+    ) -> None:
+        self.session_id = session_id
+        self.avatar_id = avatar_id
+        self.remote = remote
+        self.delay_s = delay_s
+        self.lookahead_ms = lookahead_ms
+        self.fps = fps
+        self.stats = SessionStats()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.created_at = wall_clock()
+        self._output_rate = RecentRate()
+
+    def snapshot(
+        self,
+        *,
+        state: str,
+        frames_sent: int,
+        frames_skipped: int,
+        started_at: float | None,
+        video_next_index: int,
+        audio_next_index: int | None,
+        queued_audio_s: float,
+        buffered: BufferedMedia,
+        bitrate_bps: int | None,
+    ) -> SessionSnapshot:
+        """The session now. ``started_at`` is the session clock's start (None before
+        media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
+        p50, p95 = self.stats.processing_percentiles()
+        fps = self._output_rate.update(self._clock(), frames_sent, started_at)
+        offset_ms = (
+            None
+            if started_at is None or audio_next_index is None
+            else av_offset_ms(audio_next_index, video_next_index, self.fps)
+        )
+        return SessionSnapshot(
+            session_id=self.session_id,
+            avatar=self.avatar_id,
+            state=state,
+            uptime_s=round(self._wall_clock() - self.created_at, 1),
+            frames_sent=frames_sent,
+            frames_inferred=self.stats.frames_inferred,
+            frames_skipped=frames_skipped,
+            frames_dropped=dict(self.stats.frames_dropped),
+            delay_ms=round(self.delay_s * 1000, 1),
+            lookahead_ms=self.lookahead_ms,
+            added_delay_ms=AddedDelay(p50=round(p50, 1), p95=round(p95, 1)),
+            queued_audio_s=round(queued_audio_s, 2),
+            buffered=buffered,
+            remote=self.remote,
+            output_fps=round(fps, 2),
+            av_offset_ms=offset_ms,
+            bitrate_bps=bitrate_bps,
+        )
