@@ -11,18 +11,22 @@
                       AvatarVideoTrack sends frame i at start + delay + i/fps
 
 ``delay`` = the model's lookahead + one 20 ms tick + ``pipeline_margin_ms``: by then a
-frame's audio is complete and it has been computed, or it is shown idle (never late).
+frame's audio is complete and it has been computed, or it is shown idle (never late;
+``docs/architecture.md`` §2, §8).
+
+:class:`Session` owns the parts and every task, and wires them; each part is its own
+module: the audio timeline (:mod:`~streaming.live.timeline`), the render tasks
+(:mod:`~streaming.live.renderer`), the send buffers (:mod:`~streaming.live.send_buffers`),
+the watchdogs (:mod:`~streaming.live.watchdogs`) and the report
+(:mod:`~streaming.live.reporting`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any
 
 import av
 import numpy as np
@@ -30,17 +34,19 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError
 
 from compositor.background_cache import AvatarFrames
-from compositor.sequencer import FrameSequencer, FrameStep, bounce_index
+from compositor.sequencer import FrameSequencer
 from config.settings import Settings
-from inference_core.exceptions import InferenceError
 from inference_core.features.encoder import AudioEncoder
-from inference_core.features.stream import AudioFeatureStream, FrameAudio, lookahead_ms
+from inference_core.features.stream import AudioFeatureStream, lookahead_ms
 from inference_core.serving.handle import ModelHandle
-from streaming.audio_in.resample import MonoResampler, resample_mono
+from streaming.audio_in.resample import resample_mono
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.mixer import AudioMixer
+from streaming.live.renderer import FrameRenderer
 from streaming.live.reporting import SessionReport, sends_track, target_bitrate_bps
-from streaming.live.snapshot import BufferedMedia, SessionSnapshot
+from streaming.live.send_buffers import SendBuffers
+from streaming.live.snapshot import SessionSnapshot
+from streaming.live.timeline import FEATURE_RATE, AudioTimeline
 from streaming.live.watchdogs import (
     PEER_CHECK_S,
     PEER_SILENCE_S,
@@ -52,21 +58,14 @@ from streaming.webrtc.compat import close_peer_connection
 from streaming.webrtc.tracks import (
     AUDIO_CHUNK_S,
     OUT_RATE,
-    SILENCE,
     AvatarAudioTrack,
     AvatarVideoTrack,
-    OpusChunkEncoder,
     SessionClock,
-    stamped,
 )
 
-logger = logging.getLogger(__name__)
-
-FEATURE_RATE = 16_000
-MAX_FRAMES_IN_FLIGHT = 8
-STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
-
 __all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "Session"]
+
+logger = logging.getLogger(__name__)
 
 
 class Session:
@@ -105,6 +104,8 @@ class Session:
         )
         delay_ms = self.lookahead_ms + AUDIO_CHUNK_S * 1000 + settings.session.pipeline_margin_ms
         self.delay_s = delay_ms / 1000
+        self.state = "new"
+        self.end_reason: str | None = None
         self._report = SessionReport(
             session_id,
             self.avatar_id,
@@ -115,39 +116,50 @@ class Session:
         )
         self.stats = self._report.stats
         self.created_at = self._report.created_at
-        self.state = "new"
         self._executor = executor
         self._on_closed = on_closed
-        self._on_frame_ready = on_frame_ready
-        self._pipeline = FramePipeline(package, frames)
-        self._features = AudioFeatureStream(
-            encoder,
-            kind=spec.audio_feature,
-            fps=self.fps,
-            right_context=settings.audio.right_context,
-        )
-        self._sequencer = FrameSequencer(
-            package.frame_count,
-            threshold_db=settings.audio.vad_threshold_db,
-            hangover_frames=settings.audio.hangover_frames,
-            blend_frames=settings.audio.blend_frames,
-        )
         self._mixer = AudioMixer(max_pushed_s=settings.session.max_queued_audio_s)
-        self._to_features = MonoResampler(OUT_RATE, FEATURE_RATE)
-        self._opus = OpusChunkEncoder()
+        self._activity = AudioActivity()
+        self._buffers = SendBuffers(self.delay_s, self.fps)
         self._clock = SessionClock(self.delay_s, self._on_clock_start)
-        self.video = AvatarVideoTrack(self._clock, self.fps, self._frame_for)
-        self.audio = AvatarAudioTrack(self._clock, self._chunk_for)
-        self._ready: dict[int, np.ndarray] = {}  # composed frames waiting to be sent
-        self._pending: dict[int, asyncio.Task[None]] = {}
-        self._outbound: dict[int, av.Packet[Any]] = {}  # Opus chunks waiting to be sent
-        self._interrupts = 0
-        self._chunks_made = 0
-        self._silent_until = -1  # frames up to here were cut by an interrupt
+        self._renderer = FrameRenderer(
+            session_id,
+            model,
+            FramePipeline(package, frames),
+            executor,
+            self._clock,
+            self._buffers,
+            self.stats,
+            fps=self.fps,
+            lookahead_ms=self.lookahead_ms,
+            on_frame_ready=on_frame_ready,
+        )
+        self._timeline = AudioTimeline(
+            self._mixer,
+            AudioFeatureStream(
+                encoder,
+                kind=spec.audio_feature,
+                fps=self.fps,
+                right_context=settings.audio.right_context,
+            ),
+            FrameSequencer(
+                package.frame_count,
+                threshold_db=settings.audio.vad_threshold_db,
+                hangover_frames=settings.audio.hangover_frames,
+                blend_frames=settings.audio.blend_frames,
+            ),
+            executor,
+            self._buffers,
+            fps=self.fps,
+            lookahead_ms=self.lookahead_ms,
+            vad_threshold_db=settings.audio.vad_threshold_db,
+            on_frame=self._renderer.submit,
+            on_voice=self._activity.heard,
+        )
+        self.video = AvatarVideoTrack(self._clock, self.fps, self._renderer.frame_for)
+        self.audio = AvatarAudioTrack(self._clock, self._buffers.take_chunk)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.end_reason: str | None = None
-        self._activity = AudioActivity()
 
     @property
     def last_audio_at(self) -> float:
@@ -221,21 +233,9 @@ class Session:
 
         Returns the seconds of queued audio dropped.
         """
-        dropped = self._mixer.clear_pushed()
-        # Frames whose features may hold the dropped audio are forced silent.
-        frame_s = 1.0 / self.fps
-        audio_now = self._chunks_made * AUDIO_CHUNK_S
-        self._silent_until = int((audio_now + self.lookahead_ms / 1000) / frame_s) + 1
-        self._sequencer.reset()
-        for task in self._pending.values():
-            task.cancel()
-        self._ready.clear()
-        self._interrupts += 1
-        # A fresh encoder: the old one holds the last speech in its look-ahead and would
-        # put it into the next packet it makes, heard a session delay from now.
-        self._opus = OpusChunkEncoder()
-        for index in self._outbound:  # what the caller has not heard yet goes quiet
-            self._outbound[index] = stamped(SILENCE, index)
+        dropped = self._timeline.interrupt()
+        self._renderer.cancel()
+        self._buffers.interrupt()  # what the caller has not seen or heard yet
         logger.info(
             "session interrupted: session=%s dropped_audio_s=%.2f", self.session_id, dropped
         )
@@ -245,11 +245,11 @@ class Session:
     def queued_audio_s(self) -> float:
         return self._mixer.pushed_seconds
 
-    # -- timeline -------------------------------------------------------------------
+    # -- media ----------------------------------------------------------------------
 
     def _on_clock_start(self, start: float) -> None:
         self.state = "streaming"
-        self._spawn(self._run_timeline(start), f"timeline-{self.session_id[:8]}")
+        self._spawn(self._timeline.run(start), f"timeline-{self.session_id[:8]}")
         logger.info(
             "session media started: session=%s avatar=%s delay_ms=%.0f lookahead_ms=%.1f",
             self.session_id,
@@ -257,118 +257,6 @@ class Session:
             self.delay_s * 1000,
             self.lookahead_ms,
         )
-
-    async def _run_timeline(self, start: float) -> None:
-        """Make one 20 ms chunk per tick (at the end of its interval) and its features."""
-        loop = asyncio.get_running_loop()
-        while True:
-            due = start + (self._chunks_made + 1) * AUDIO_CHUNK_S
-            wait = due - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            chunk = self._mixer.next_chunk()
-            index = self._chunks_made
-            self._chunks_made += 1
-            interrupts = self._interrupts
-            packet, ready = await loop.run_in_executor(
-                self._executor, self._process_chunk, self._opus, chunk, index
-            )
-            # An interrupt while the chunk was being encoded silences it too.
-            self._outbound[index] = (
-                packet if interrupts == self._interrupts else stamped(SILENCE, index)
-            )
-            self._prune(index)
-            for item in ready:
-                self._on_features(item)
-
-    def _process_chunk(
-        self, opus: OpusChunkEncoder, chunk: np.ndarray, index: int
-    ) -> tuple[av.Packet[Any], list[FrameAudio]]:
-        """Off the loop: the chunk's Opus packet, and the features it completes (16 kHz)."""
-        packet = opus.encode(chunk, index)
-        return packet, self._features.push(self._to_features.push(chunk))
-
-    def _prune(self, chunk_index: int) -> None:
-        """Bound the send buffers even if a track is never pulled (not negotiated)."""
-        keep_chunks = round(self.delay_s / AUDIO_CHUNK_S) + STALE_SLOTS
-        oldest_chunk = chunk_index - keep_chunks
-        for stale in [i for i in self._outbound if i < oldest_chunk]:
-            del self._outbound[stale]
-        oldest_frame = int(oldest_chunk * AUDIO_CHUNK_S * self.fps)
-        for stale in [i for i in self._ready if i < oldest_frame]:
-            del self._ready[stale]
-
-    def _on_features(self, item: FrameAudio) -> None:
-        level = item.level_db if item.index > self._silent_until else -120.0
-        if level >= self.settings.audio.vad_threshold_db:
-            self._activity.heard()
-        step = self._sequencer.step(level)
-        if not step.infer:
-            return  # the video track shows the raw frame itself
-        if len(self._pending) >= MAX_FRAMES_IN_FLIGHT:
-            self.stats.drop("overload")
-            return
-        task = asyncio.create_task(self._render(step, item), name=f"frame-{item.index}")
-        self._pending[item.index] = task
-        task.add_done_callback(functools.partial(self._forget_pending, item.index))
-
-    def _forget_pending(self, index: int, _task: asyncio.Task[None]) -> None:
-        self._pending.pop(index, None)
-
-    async def _render(self, step: FrameStep, item: FrameAudio) -> None:
-        """Prepare, infer (with the frame's deadline) and compose one frame."""
-        loop = asyncio.get_running_loop()
-        index = item.index
-        start = self._clock.started()
-        send_at = self._clock.due(index / self.fps)
-        audio_complete = start + index / self.fps + self.lookahead_ms / 1000
-        try:
-            prepared = await loop.run_in_executor(self._executor, self._pipeline.prepare, step)
-            # Leave the compositing a little time before the frame is sent.
-            deadline = send_at - 0.008
-            future = self.model.submit(
-                prepared.visual,  # type: ignore[arg-type]
-                item.features,
-                deadline=deadline,
-                session_id=self.session_id,
-            )
-            face = await future
-            frame = await loop.run_in_executor(
-                self._executor, self._pipeline.compose, prepared, face
-            )
-        except InferenceError as exc:
-            self.stats.drop(type(exc).__name__)
-            return
-        if index < self.video.next_index:
-            self.stats.drop("late")
-            return
-        self._ready[index] = frame
-        self.stats.frames_inferred += 1
-        delay_s = time.monotonic() - audio_complete
-        self.stats.processing_ms.append(delay_s * 1000)
-        if self._on_frame_ready is not None:
-            self._on_frame_ready(delay_s)
-
-    async def _frame_for(self, index: int) -> np.ndarray:
-        """The frame to send for slot ``index``: composed if ready, else the idle frame."""
-        for stale in [i for i in self._ready if i < index]:
-            del self._ready[stale]
-        frame = self._ready.pop(index, None)
-        if frame is not None:
-            return frame
-        if index in self._pending:
-            self.stats.drop("not_ready")
-        avatar_index = bounce_index(index, self._pipeline.package.frame_count)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.frames.get, avatar_index)
-
-    def _chunk_for(self, index: int) -> av.Packet[Any]:
-        for stale in [i for i in self._outbound if i < index]:
-            del self._outbound[stale]
-        packet = self._outbound.pop(index, None)
-        return packet if packet is not None else stamped(SILENCE, index)
-
-    # -- inbound media ----------------------------------------------------------------
 
     async def _consume(self, track: MediaStreamTrack) -> None:
         """Drain a received track (its queue is unbounded); audio goes into the mixer."""
@@ -415,7 +303,7 @@ class Session:
         self.state = "closed"
         self.end_reason = reason
         current = asyncio.current_task()  # close() may be called from one of our tasks
-        tasks = [t for t in (*self._tasks, *self._pending.values()) if t is not current]
+        tasks = [t for t in (*self._tasks, *self._renderer.in_flight) if t is not current]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -460,6 +348,6 @@ class Session:
             video_next_index=self.video.next_index,
             audio_next_index=self.audio.next_index if sends_audio else None,
             queued_audio_s=self.queued_audio_s,
-            buffered=BufferedMedia(audio_chunks=len(self._outbound), frames=len(self._ready)),
+            buffered=self._buffers.sizes(),
             bitrate_bps=target_bitrate_bps(self.pc, self.video),
         )

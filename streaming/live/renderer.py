@@ -1,0 +1,140 @@
+"""Render tasks: each frame the sequencer wants inferred, prepared, inferred and composed.
+
+One task per frame (``docs/architecture.md`` §7): the avatar crop and the model's visual
+input are prepared on the executor, the inference core runs the frame in a batch with
+other sessions' frames by its deadline (its send time less a little compositing time,
+§8), and the face is composed into the background on the executor. The composed frame
+waits in the :class:`~streaming.live.send_buffers.SendBuffers` for its slot; the video
+track's source, :meth:`FrameRenderer.frame_for`, sends the idle avatar frame for a slot
+that has none. At most :data:`MAX_FRAMES_IN_FLIGHT` frames are in flight.
+
+A frame not sent with its face is counted in ``SessionStats.frames_dropped`` by reason:
+``overload`` (too many in flight, never started), ``late`` (composed after its slot was
+sent), ``not_ready`` (its slot came while it was in flight), or the class name of the
+:class:`~inference_core.exceptions.InferenceError` that stopped it (a missed deadline, a
+full queue, a core shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Executor
+
+import numpy as np
+
+from compositor.sequencer import FrameStep, bounce_index
+from inference_core.exceptions import InferenceError
+from inference_core.features.stream import FrameAudio
+from inference_core.serving.handle import ModelHandle
+from streaming.frame_pipeline import FramePipeline
+from streaming.live.reporting import SessionStats
+from streaming.live.send_buffers import SendBuffers
+from streaming.webrtc.tracks import SessionClock
+
+MAX_FRAMES_IN_FLIGHT = 8
+# Leave the compositing a little time before the frame is sent.
+COMPOSE_S = 0.008
+
+
+class FrameRenderer:
+    """Runs one session's render tasks and is its video track's frame source.
+
+    ``on_frame_ready(delay_s)`` is called for every composed frame kept for its slot, with
+    the time from its audio being complete to it being composed (on ``clock``, the
+    monotonic clock the session clock also uses).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        model: ModelHandle,
+        pipeline: FramePipeline,
+        executor: Executor,
+        schedule: SessionClock,
+        buffers: SendBuffers,
+        stats: SessionStats,
+        *,
+        fps: int,
+        lookahead_ms: float,
+        on_frame_ready: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session_id = session_id
+        self._model = model
+        self._pipeline = pipeline
+        self._executor = executor
+        self._schedule = schedule
+        self._buffers = buffers
+        self._stats = stats
+        self._fps = fps
+        self._lookahead_s = lookahead_ms / 1000
+        self._on_frame_ready = on_frame_ready
+        self._clock = clock
+        self._pending: dict[int, asyncio.Task[None]] = {}
+
+    @property
+    def in_flight(self) -> Collection[asyncio.Task[None]]:
+        """The render tasks not finished yet (the session awaits them when it closes)."""
+        return self._pending.values()
+
+    def submit(self, step: FrameStep, item: FrameAudio) -> None:
+        """Start rendering frame ``item.index``: ``step`` says on which avatar frame, how much."""
+        if len(self._pending) >= MAX_FRAMES_IN_FLIGHT:
+            self._stats.drop("overload")
+            return
+        task = asyncio.create_task(self._render(step, item), name=f"frame-{item.index}")
+        self._pending[item.index] = task
+        task.add_done_callback(functools.partial(self._forget, item.index))
+
+    def cancel(self) -> None:
+        """Cancel every frame in flight (an interrupt, or the session closing)."""
+        for task in self._pending.values():
+            task.cancel()
+
+    def _forget(self, index: int, _task: asyncio.Task[None]) -> None:
+        self._pending.pop(index, None)
+
+    async def _render(self, step: FrameStep, item: FrameAudio) -> None:
+        """Prepare, infer (with the frame's deadline) and compose one frame."""
+        loop = asyncio.get_running_loop()
+        index = item.index
+        start = self._schedule.started()
+        send_at = self._schedule.due(index / self._fps)
+        audio_complete = start + index / self._fps + self._lookahead_s
+        pipeline = self._pipeline
+        try:
+            prepared = await loop.run_in_executor(self._executor, pipeline.prepare, step)
+            future = self._model.submit(
+                prepared.visual,  # type: ignore[arg-type]
+                item.features,
+                deadline=send_at - COMPOSE_S,
+                session_id=self._session_id,
+            )
+            face = await future
+            frame = await loop.run_in_executor(self._executor, pipeline.compose, prepared, face)
+        except InferenceError as exc:
+            self._stats.drop(type(exc).__name__)
+            return
+        if not self._buffers.put_frame(index, frame):
+            self._stats.drop("late")
+            return
+        self._stats.frames_inferred += 1
+        delay_s = self._clock() - audio_complete
+        self._stats.processing_ms.append(delay_s * 1000)
+        if self._on_frame_ready is not None:
+            self._on_frame_ready(delay_s)
+
+    async def frame_for(self, index: int) -> np.ndarray:
+        """The frame to send for slot ``index``: composed if ready, else the idle frame."""
+        frame = self._buffers.take_frame(index)
+        if frame is not None:
+            return frame
+        if index in self._pending:
+            self._stats.drop("not_ready")
+        pipeline = self._pipeline
+        avatar_index = bounce_index(index, pipeline.package.frame_count)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, pipeline.frames.get, avatar_index)

@@ -1,0 +1,226 @@
+"""Render tasks with a model the test answers by hand: what is kept, what is dropped and why."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compositor.background_cache import AvatarFrames, BackgroundCache
+from compositor.sequencer import FrameStep, bounce_index
+from inference_core.avatars.package import AvatarPackage
+from inference_core.exceptions import DeadlineExceededError, QueueFullError
+from inference_core.features.stream import FrameAudio
+from streaming.frame_pipeline import FramePipeline
+from streaming.live.renderer import COMPOSE_S, MAX_FRAMES_IN_FLIGHT, FrameRenderer
+from streaming.live.reporting import SessionStats
+from streaming.live.send_buffers import SendBuffers
+from streaming.webrtc.tracks import SessionClock
+from tests.packages import make_package
+
+FPS = 25
+DELAY_S = 0.5
+LOOKAHEAD_MS = 212.5
+START = 1000.0
+
+
+class InlineExecutor(Executor):
+    """Runs each job at once on the calling thread."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+@dataclass
+class Call:
+    deadline: float
+    session_id: str | None
+    future: asyncio.Future[np.ndarray]
+
+
+class HandModel:
+    """The inference core's submit: each frame waits until the test answers it."""
+
+    def __init__(self, face_size: int) -> None:
+        self.face_size = face_size
+        self.calls: list[Call] = []
+        self.refuse: Exception | None = None
+        self._changed = asyncio.Event()
+
+    def submit(
+        self,
+        visual: np.ndarray,
+        audio: np.ndarray,
+        *,
+        deadline: float,
+        session_id: str | None = None,
+    ) -> asyncio.Future[np.ndarray]:
+        assert visual.dtype == np.uint8
+        assert visual.shape == (6, self.face_size, self.face_size)
+        if self.refuse is not None:
+            raise self.refuse
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.calls.append(Call(deadline, session_id, future))
+        self._changed.set()
+        return future
+
+    async def submitted(self, count: int) -> None:
+        """Return once ``count`` frames have reached the model."""
+        async with asyncio.timeout(10):
+            while len(self.calls) < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+    def face(self) -> np.ndarray:
+        return np.full((self.face_size, self.face_size, 3), 255, dtype=np.uint8)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> AvatarPackage:
+    return AvatarPackage.load(make_package(tmp_path_factory.mktemp("avatar")))
+
+
+@dataclass
+class Rig:
+    renderer: FrameRenderer
+    model: HandModel
+    buffers: SendBuffers
+    stats: SessionStats
+    frames: AvatarFrames
+    clock: Clock
+    ready: list[float]
+
+    def submit(self, index: int) -> None:
+        count = len(self.frames)
+        step = FrameStep(output_index=index, avatar_index=bounce_index(index, count), alpha=1.0)
+        features = np.zeros((1, 80, 16), dtype=np.float32)
+        self.renderer.submit(step, FrameAudio(index, features, level_db=-10.0))
+
+    def idle_frame(self, index: int) -> np.ndarray:
+        return self.frames.get(bounce_index(index, len(self.frames)))
+
+
+@pytest.fixture
+def rig(package: AvatarPackage) -> Rig:
+    frames = AvatarFrames(package.avatar_id, package.frame_paths, BackgroundCache(10_000_000))
+    schedule = SessionClock(DELAY_S, on_start=lambda _start: None)
+    schedule.start = START
+    buffers = SendBuffers(DELAY_S, FPS)
+    stats = SessionStats()
+    model = HandModel(package.manifest.adapter.input_size)
+    clock = Clock(START)
+    ready: list[float] = []
+    renderer = FrameRenderer(
+        "session-1",
+        model,  # type: ignore[arg-type]
+        FramePipeline(package, frames),
+        InlineExecutor(),
+        schedule,
+        buffers,
+        stats,
+        fps=FPS,
+        lookahead_ms=LOOKAHEAD_MS,
+        on_frame_ready=ready.append,
+        clock=clock,
+    )
+    return Rig(renderer, model, buffers, stats, frames, clock, ready)
+
+
+async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
+    rig.submit(10)
+    await rig.model.submitted(1)
+    call = rig.model.calls[0]
+    send_at = START + DELAY_S + 10 / FPS
+    assert call.deadline == pytest.approx(send_at - COMPOSE_S)
+    assert call.session_id == "session-1"
+    # Composed 150 ms after the frame's audio was complete (its time + the lookahead).
+    rig.clock.now = START + 10 / FPS + LOOKAHEAD_MS / 1000 + 0.150
+    call.future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)
+    assert not rig.renderer.in_flight
+    assert rig.stats.frames_inferred == 1
+    assert list(rig.stats.processing_ms) == [pytest.approx(150.0)]
+    assert rig.ready == [pytest.approx(0.150)]
+    frame = await rig.renderer.frame_for(10)
+    assert frame.shape == rig.idle_frame(10).shape
+    assert not np.array_equal(frame, rig.idle_frame(10))  # the face is in it
+    assert rig.stats.frames_dropped == {}
+
+
+async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:
+    for index in (0, 7, 13):
+        frame = await rig.renderer.frame_for(index)
+        assert frame is rig.idle_frame(index)  # the cached background, no copy
+    assert rig.stats.frames_dropped == {}  # nothing was being rendered for them
+
+
+async def test_at_most_max_frames_in_flight(rig: Rig) -> None:
+    for index in range(MAX_FRAMES_IN_FLIGHT + 2):
+        rig.submit(index)
+    assert len(rig.renderer.in_flight) == MAX_FRAMES_IN_FLIGHT
+    assert rig.stats.frames_dropped == {"overload": 2}
+    await rig.model.submitted(MAX_FRAMES_IN_FLIGHT)
+    first = next(t for t in rig.renderer.in_flight if t.get_name() == "frame-0")
+    rig.model.calls[0].future.set_result(rig.model.face())
+    await first
+    assert len(rig.renderer.in_flight) == MAX_FRAMES_IN_FLIGHT - 1
+    rig.submit(20)  # room again
+    assert len(rig.renderer.in_flight) == MAX_FRAMES_IN_FLIGHT
+    assert rig.stats.frames_dropped == {"overload": 2}
+    assert len(rig.model.calls) == MAX_FRAMES_IN_FLIGHT  # the overloaded ones never ran
+
+
+async def test_a_frame_still_in_flight_at_its_slot_is_not_ready_then_late(rig: Rig) -> None:
+    rig.submit(5)
+    await rig.model.submitted(1)
+    frame = await rig.renderer.frame_for(5)  # the slot comes: the idle frame goes out
+    assert frame is rig.idle_frame(5)
+    assert rig.stats.frames_dropped == {"not_ready": 1}
+    rig.model.calls[0].future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)
+    assert rig.stats.frames_dropped == {"not_ready": 1, "late": 1}
+    assert rig.stats.frames_inferred == 0
+    assert rig.buffers.sizes().frames == 0  # not kept for a slot that is gone
+    assert rig.ready == []
+
+
+async def test_inference_errors_are_counted_by_class_name(rig: Rig) -> None:
+    rig.submit(1)
+    await rig.model.submitted(1)
+    rig.model.calls[0].future.set_exception(DeadlineExceededError("frame 1 missed it"))
+    rig.model.refuse = QueueFullError("queue full")  # submit raises at once
+    rig.submit(2)
+    await asyncio.gather(*rig.renderer.in_flight)
+    assert rig.stats.frames_dropped == {"DeadlineExceededError": 1, "QueueFullError": 1}
+    assert rig.stats.frames_inferred == 0
+    assert rig.buffers.sizes().frames == 0
+
+
+async def test_cancel_stops_every_frame_in_flight(rig: Rig) -> None:
+    for index in range(3):
+        rig.submit(index)
+    await rig.model.submitted(3)
+    tasks = list(rig.renderer.in_flight)
+    rig.renderer.cancel()
+    async with asyncio.timeout(10):  # a task not cancelled would wait for its face forever
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    assert not rig.renderer.in_flight
+    assert rig.stats.frames_dropped == {}  # an interrupt is not a drop
+    assert rig.stats.frames_inferred == 0
+    assert rig.buffers.sizes().frames == 0

@@ -1,0 +1,214 @@
+"""The audio timeline on a hand-stepped clock: chunk due times, catching up, interrupts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compositor.sequencer import FrameSequencer, FrameStep
+from inference_core.features.stream import AudioFeatureStream, FrameAudio, lookahead_ms
+from streaming.live.mixer import AudioMixer
+from streaming.live.send_buffers import SendBuffers
+from streaming.live.timeline import AudioTimeline, chunk_due
+from streaming.webrtc.tracks import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE, SILENCE
+
+FPS = 25
+START = 100.0
+LOOKAHEAD_MS = lookahead_ms(0, FPS, kind="mel")  # 212.5
+THRESHOLD_DB = -45.0
+
+
+class ManualTime:
+    """The timeline's clock and sleep; time moves only when the test moves it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+        self._wake_at = 0.0
+        self._wake: asyncio.Future[None] | None = None
+        self._asleep = asyncio.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self._wake_at = self.now + seconds
+        self._wake = asyncio.get_running_loop().create_future()
+        self._asleep.set()
+        await self._wake
+
+    async def until_asleep(self) -> None:
+        """Return once the timeline waits for time to pass."""
+        async with asyncio.timeout(10):
+            await self._asleep.wait()
+
+    async def advance_to(self, now: float) -> None:
+        """Move time to ``now``; if that ends the timeline's sleep, let it make what is
+        due and return once it sleeps again."""
+        self.now = now
+        if self._wake is None or now < self._wake_at:
+            return
+        wake, self._wake = self._wake, None
+        self._asleep.clear()
+        wake.set_result(None)
+        await self.until_asleep()
+
+
+class InlineExecutor(Executor):
+    """Runs each job at once on the calling thread; ``before_next`` runs first, once."""
+
+    def __init__(self) -> None:
+        self.before_next: Callable[[], object] | None = None
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self.before_next is not None:
+            hook, self.before_next = self.before_next, None
+            hook()
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+@dataclass
+class Rig:
+    timeline: AudioTimeline
+    time: ManualTime
+    mixer: AudioMixer
+    buffers: SendBuffers
+    executor: InlineExecutor
+    inferred: list[FrameStep] = field(default_factory=list)
+    voiced: list[float] = field(default_factory=list)
+
+    async def run_to(self, chunks: int) -> None:
+        """Let the timeline make chunks 0 .. ``chunks`` - 1, each at its due time."""
+        await self.time.advance_to(chunk_due(START, chunks - 1))
+        assert self.timeline.chunks_made == chunks
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    time = ManualTime(START)
+    mixer = AudioMixer()
+    buffers = SendBuffers(delay_s=0.5, fps=FPS)
+    executor = InlineExecutor()
+    inferred: list[FrameStep] = []
+    voiced: list[float] = []
+
+    def on_frame(step: FrameStep, item: FrameAudio) -> None:
+        assert step.output_index == item.index
+        inferred.append(step)
+
+    timeline = AudioTimeline(
+        mixer,
+        AudioFeatureStream(None, kind="mel", fps=FPS),
+        # No hangover and no fade: a frame is inferred exactly when it is loud.
+        FrameSequencer(6, threshold_db=THRESHOLD_DB, hangover_frames=0, blend_frames=0),
+        executor,
+        buffers,
+        fps=FPS,
+        lookahead_ms=LOOKAHEAD_MS,
+        vad_threshold_db=THRESHOLD_DB,
+        on_frame=on_frame,
+        on_voice=lambda: voiced.append(time.now),
+        clock=time.clock,
+        sleep=time.sleep,
+    )
+    task = asyncio.create_task(timeline.run(START))
+    await time.until_asleep()
+    yield Rig(timeline, time, mixer, buffers, executor, inferred, voiced)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _tone(seconds: float) -> np.ndarray:
+    t = np.arange(round(seconds * OUT_RATE)) / OUT_RATE
+    return (0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def test_chunk_i_is_due_at_the_end_of_its_interval() -> None:
+    assert chunk_due(START, 0) == START + AUDIO_CHUNK_S
+    assert chunk_due(START, 49) == pytest.approx(START + 1.0)
+    assert chunk_due(START, 50) - chunk_due(START, 49) == pytest.approx(AUDIO_CHUNK_S)
+
+
+async def test_one_chunk_per_tick_at_its_due_time(rig: Rig) -> None:
+    assert rig.time.sleeps == [pytest.approx(AUDIO_CHUNK_S)]  # chunk 0 waits for its audio
+    await rig.time.advance_to(chunk_due(START, 0) - 0.001)
+    assert rig.timeline.chunks_made == 0  # not before it is due
+    await rig.time.advance_to(chunk_due(START, 0))
+    assert rig.timeline.chunks_made == 1
+    for index in range(1, 10):
+        await rig.time.advance_to(chunk_due(START, index))
+        assert rig.timeline.chunks_made == index + 1
+    assert rig.time.sleeps == [pytest.approx(AUDIO_CHUNK_S)] * 11
+    for index in range(10):  # each chunk's packet waits for its slot, stamped with it
+        assert rig.buffers.take_chunk(index).pts == index * CHUNK_SAMPLES
+
+
+async def test_a_late_tick_catches_up_without_building_delay(rig: Rig) -> None:
+    await rig.run_to(1)
+    # The loop stalls for 180 ms: chunks 1..9 are due by then and made at once.
+    await rig.time.advance_to(chunk_due(START, 9))
+    assert rig.timeline.chunks_made == 10
+    assert len(rig.time.sleeps) == 3  # no sleep between the chunks that were due
+    # The next chunk waits for its own due time, not 20 ms from the late one.
+    await rig.time.advance_to(chunk_due(START, 10) + 0.005)
+    assert rig.timeline.chunks_made == 11
+    assert rig.time.sleeps[-1] == pytest.approx(AUDIO_CHUNK_S - 0.005)
+
+
+async def test_loud_frames_are_rendered_and_quiet_ones_are_not(rig: Rig) -> None:
+    rig.mixer.push(_tone(1.0))  # frames 0..24 loud, then silence
+    await rig.run_to(150)  # 3 s: every frame of the tone and a second after it is final
+    indices = [step.output_index for step in rig.inferred]
+    assert indices == list(range(len(indices)))  # from frame 0, in order, no gap
+    assert 24 <= len(indices) <= 26  # about the 1 s of tone (frames share edge audio)
+    assert len(rig.voiced) == len(indices)
+
+
+async def test_interrupt_drops_queued_audio_and_silences_frames_that_may_hold_it(
+    rig: Rig,
+) -> None:
+    rig.mixer.push(_tone(2.0))
+    await rig.run_to(50)  # 1 s of the tone made
+    before = [step.output_index for step in rig.inferred]
+    assert before == list(range(len(before)))
+    assert before  # some frames were final and went to rendering
+
+    dropped = rig.timeline.interrupt()
+    assert dropped == pytest.approx(1.0)  # the second not made yet
+    assert rig.mixer.pushed_seconds == 0.0
+    # Audio heard by now plus the feature lookahead reaches into frame 30.
+    silent_until = int((50 * AUDIO_CHUNK_S + LOOKAHEAD_MS / 1000) * FPS) + 1
+    assert silent_until == 31
+
+    rig.mixer.push(_tone(2.0))  # new speech right away
+    voiced_before = len(rig.voiced)
+    await rig.run_to(200)
+    after = [step.output_index for step in rig.inferred[len(before) :]]
+    # Frames made from audio before the interrupt (up to 31) show idle though the new
+    # speech is loud from frame 25 on; the new speech is rendered from frame 32.
+    assert after[0] == silent_until + 1
+    assert after == list(range(after[0], after[0] + len(after)))
+    assert len(rig.voiced) - voiced_before == len(after)
+
+
+async def test_a_chunk_encoded_during_an_interrupt_is_silenced(rig: Rig) -> None:
+    rig.mixer.push(_tone(1.0))
+    await rig.run_to(10)
+    assert bytes(rig.buffers.take_chunk(9)) != SILENCE
+    rig.executor.before_next = rig.timeline.interrupt  # lands while chunk 10 is encoded
+    await rig.run_to(11)
+    assert bytes(rig.buffers.take_chunk(10)) == SILENCE
+    rig.mixer.push(_tone(1.0))
+    await rig.run_to(12)
+    assert bytes(rig.buffers.take_chunk(11)) != SILENCE  # new audio is heard again
