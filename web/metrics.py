@@ -86,7 +86,7 @@ from web.app_keys import CORE, METRICS, SESSIONS
 # The classic text format: every Prometheus version reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# Session drop reasons are exception class names or short words (streaming/live/session.py);
+# Session drop reasons are exception class names or short words (streaming/live/renderer.py);
 # anything not listed here is counted as "error", so the label set stays fixed.
 _DROP_REASONS = MappingProxyType(
     {
