@@ -17,6 +17,7 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
 from streaming.webrtc.compat import negotiated_codecs
+from tests.live_calls import TIMEOUT_S, until
 
 
 @dataclass
@@ -119,16 +120,42 @@ class Caller:
                     self.received.audio_energy.append((pts, rms))
 
     def fps_since(self, seconds_ago: float) -> float:
-        """Frames per second received over the last ``seconds_ago`` seconds."""
+        """Frames per second received over the last ``seconds_ago`` seconds.
+
+        A wall-clock rate: it drops whenever the machine is busy, so tests do not assert
+        on it (``tests/live_calls.py``); frame rates are measured by the benchmarks.
+        """
         now = time.monotonic()
         times = [t for t in self.received.video_times if t >= now - seconds_ago]
         return len(times) / seconds_ago
 
-    async def wait_for_frames(self, count: int) -> None:
-        """Wait (up to 15 s) until ``count`` video frames have arrived."""
-        async with asyncio.timeout(15.0):
-            while len(self.received.video_times) < count:  # noqa: ASYNC110 - test polling
-                await asyncio.sleep(0.05)
+    @property
+    def video_indices(self) -> list[int]:
+        """The session's frame index of each video frame received (25 fps), in order."""
+        return [round(pts * 25 / 90_000) for pts in self.received.video_pts]
+
+    async def wait_for_frames(self, count: int, timeout_s: float = TIMEOUT_S) -> None:
+        """Wait until ``count`` video frames have arrived (fails after ``timeout_s``)."""
+        await until(
+            lambda: len(self.received.video_times) >= count,
+            f"{count} video frames",
+            timeout_s=timeout_s,
+        )
+
+    async def wait_for_media(self, seconds: float, timeout_s: float = TIMEOUT_S) -> None:
+        """Wait until video, and audio if offered, reached ``seconds`` of the session's time.
+
+        Session time is the media timestamps, not the wall clock: a busy server skips late
+        slots, but the call has played this far once a frame stamped past it arrived.
+        """
+        r = self.received
+
+        def reached() -> bool:
+            video = bool(r.video_pts) and r.video_pts[-1] / 90_000 >= seconds
+            audio = bool(r.audio_energy) and r.audio_energy[-1][0] / 48_000 >= seconds
+            return video and (audio or not self.audio)
+
+        await until(reached, f"{seconds:g} s of the call's media", timeout_s=timeout_s)
 
     async def hang_up(self) -> None:
         if self.session_id:

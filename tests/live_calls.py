@@ -1,0 +1,73 @@
+"""What live-call tests wait for and what they count, so they hold on a loaded machine.
+
+These tests run real calls on a 2-core machine that may run another test suite or a
+benchmark at the same time (``../STYLE.md``, Tests). So they never sleep a fixed time and
+then assert a rate: they wait for a condition with a generous timeout (:func:`until`) and
+assert counts, states and ratios, e.g. the frames that carried lip-sync against the
+frames the caller spoke (:func:`speech_frames`, :func:`frames_due`).
+
+A live frame is lip-synced only if it is ready by its send slot, ``session.delay_s`` after
+its audio. With the default ``pipeline_margin_ms`` (60 ms) a loaded machine turns
+scheduling delays into dropped lip-sync, which is a question of speed, not of behaviour:
+tests that count lip-synced frames give the server :data:`GENEROUS_MARGIN_MS` instead.
+Whether the default budget is met is measured by ``benchmarks/delay.py`` (added delay
+p95) and ``benchmarks/sessions_per_core.py`` (>= 24 fps with <= 1% of lip-sync dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+#: How long a test waits for something a live call should do in well under a second.
+#: Generous: another suite may be running on the same two cores.
+TIMEOUT_S = 60.0
+#: ``session.pipeline_margin_ms`` for tests that count lip-synced frames (see above).
+GENEROUS_MARGIN_MS = 1000.0
+FPS = 25
+
+
+async def until(
+    condition: Callable[[], T | Awaitable[T]],
+    what: str,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    poll_s: float = 0.05,
+) -> T:
+    """Poll ``condition`` (plain or async) until it returns something true; return that.
+
+    Fails the test, saying ``what`` it waited for, after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        await asyncio.sleep(poll_s)
+
+
+def speech_frames(spans: Iterable[tuple[float, float]], fps: int = FPS) -> int:
+    """Video frames that fall inside the spoken spans (start_s, end_s) of some audio."""
+    return sum(round((end - start) * fps) for start, end in spans)
+
+
+def frames_due(state: Mapping[str, Any]) -> int:
+    """Frames a session's speech gate sent to be lip-synced, from ``GET /sessions/{id}``.
+
+    Each one was either sent with its face (``frames_inferred``) or dropped for one
+    reason. ``not_ready`` is left out: such a frame is counted again when it ends
+    (``late``, or the error that stopped it).
+    """
+    dropped = sum(n for reason, n in state["frames_dropped"].items() if reason != "not_ready")
+    return int(state["frames_inferred"]) + dropped
