@@ -10,17 +10,18 @@ tiny models. Faults are injected through two seams:
   the loaded model itself, so this is exactly where a broken model or a crashing
   onnxruntime would raise; other models go through the original method untouched.
 
-Assertions are on counts and states; the one timing is the issue's: sessions a fault did
-not touch keep >= 23 fps, measured over 5 s.
+Assertions are on counts and states, never on the wall clock (``tests/live_calls.py``): a
+session a fault did not touch keeps streaming and keeps lip-syncing (the frames that
+carried lip-sync against the frames due); frame rates are measured by
+``benchmarks/sessions_per_core.py``. Tests that need inference to run keep the session
+speaking until what they wait for happened, however long a loaded machine takes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,13 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device, session_config
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.loaded_model import LoadedModel
+from tests.live_calls import GENEROUS_MARGIN_MS, frames_due, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import CORE, SESSIONS
 
 Client = TestClient[web.Request, web.Application]
-FPS_WINDOW_S = 5.0
 
 
 @pytest.fixture
@@ -67,6 +68,8 @@ def _settings(root: Path) -> Settings:
             "devices": {"kind": "cpu", "count": 1},
             "video": {"preset": "ultrafast"},
             "server": {"offer_rate_limit_per_minute": 0},
+            # Lip-synced frames are counted: a busy machine delays them instead of dropping.
+            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
 
@@ -143,11 +146,12 @@ async def _speak(client: Client, session_id: str, wav: bytes, times: int = 1) ->
         assert response.status == 202, await response.text()
 
 
-async def _until(check: Callable[[], Any], timeout_s: float = 20.0) -> None:
-    """Poll an async ``check`` until it returns true (the server decides when)."""
-    async with asyncio.timeout(timeout_s):
-        while not await check():  # noqa: ASYNC110 - test polling
-            await asyncio.sleep(0.1)
+async def _keep_speaking(client: Client, session_id: str, wav: bytes) -> dict[str, Any]:
+    """The session's state, after queueing ``wav`` again if less than 2 s of it is left."""
+    state = await _state(client, session_id)
+    if state["queued_audio_s"] < 2.0:
+        await _speak(client, session_id, wav)
+    return state
 
 
 async def _connect(client: Client, avatar: str) -> Caller:
@@ -180,19 +184,6 @@ async def _admin_model(client: Client, model_id: str) -> dict[str, Any]:
     return dict(model)
 
 
-def _at_least_5_s_of_frames(*callers: Caller) -> float:
-    """Seconds still to wait until every caller has received frames for FPS_WINDOW_S + 0.5."""
-    now = time.monotonic()
-    return max(0.0, max(c.received.video_times[0] + FPS_WINDOW_S + 0.5 - now for c in callers))
-
-
-async def _assert_fps(*callers: Caller) -> None:
-    await asyncio.sleep(_at_least_5_s_of_frames(*callers))
-    for caller in callers:
-        fps = caller.fps_since(FPS_WINDOW_S)
-        assert fps >= 23, f"{caller.avatar}: {fps:.1f} fps"
-
-
 @pytest.mark.slow
 async def test_a_model_that_fails_to_load_is_refused_and_others_keep_streaming(
     client: Client, caplog: pytest.LogCaptureFixture
@@ -214,7 +205,10 @@ async def test_a_model_that_fails_to_load_is_refused_and_others_keep_streaming(
         assert len(logged) == 1
         assert logged[0].levelno == logging.ERROR
 
-        await _assert_fps(caller)  # the window includes the failed load
+        # The call went on through the failed load.
+        received = len(caller.received.video_times)
+        await caller.wait_for_frames(received + 25)
+        assert (await _state(client, caller.session_id))["state"] == "streaming"
         assert [s.avatar_id for s in client.app[SESSIONS].sessions] == ["demo"]
     finally:
         await caller.hang_up()
@@ -233,22 +227,23 @@ async def test_inference_errors_drop_one_sessions_frames_until_the_fault_stops(
             await _speak(client, caller.session_id, speech_wav, times=2)
 
         async def recovered() -> bool:
-            state = await _state(client, faulty.session_id)
+            state = await _keep_speaking(client, faulty.session_id, speech_wav)
             return fault.left == 0 and state["frames_inferred"] >= 10
 
-        await _until(recovered)
+        await until(recovered, "15 failed batches, then 10 lip-synced frames")
         sent_before = len(faulty.received.video_times)
-        await _assert_fps(healthy, faulty)  # idle frames kept coming during the fault
+        await faulty.wait_for_frames(sent_before + 25)  # its video goes on
 
         bad = await _state(client, faulty.session_id)
         good = await _state(client, healthy.session_id)
         assert fault.failed_frames >= 15
         assert bad["frames_dropped"].get("InferenceError") == fault.failed_frames
         assert bad["frames_inferred"] >= 10  # inference came back once the fault stopped
-        assert bad["state"] in ("connected", "streaming")
-        assert len(faulty.received.video_times) > sent_before
+        assert bad["state"] == "streaming"
+        # The other session lip-synced its speech through the fault.
         assert "InferenceError" not in good["frames_dropped"]
-        assert good["frames_inferred"] > 0
+        assert frames_due(good) >= 25, good
+        assert good["frames_inferred"] >= 0.5 * frames_due(good), good
         stats = client.app[CORE].schedulers[0].stats()
         assert stats.models["second"].failed == fault.failed_frames
         assert stats.models["demo"].failed == 0
@@ -277,9 +272,10 @@ async def test_a_worker_dying_mid_call_is_replaced_and_the_call_goes_on(
             await _speak(client, caller.session_id, speech_wav, times=2)
 
             async def recovered() -> bool:
+                await _keep_speaking(client, caller.session_id, speech_wav)
                 return fault.left == 0 and fault.ran >= 4 + 10
 
-            await _until(recovered)
+            await until(recovered, "the worker's death, then 10 more batches")
         state = await _state(client, caller.session_id)
         received = len(caller.received.video_times)
         await caller.wait_for_frames(received + 25)  # the call goes on
