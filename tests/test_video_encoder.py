@@ -33,6 +33,7 @@ from streaming.webrtc.video_encoder import (
     prefer_h264,
     probe_nvenc,
 )
+from tests.live_calls import TIMEOUT_S
 
 WIDTH, HEIGHT = 320, 240
 RTP_TIME_BASE = Fraction(1, 90_000)
@@ -401,8 +402,8 @@ async def test_aiortc_sends_h264_with_our_encoder() -> None:
         assert install_encoder(sender, ours, codec)
         await client.setRemoteDescription(server.localDescription)
 
-        track = await asyncio.wait_for(received, 20)
-        frames = [await asyncio.wait_for(track.recv(), 20) for _ in range(5)]
+        track = await asyncio.wait_for(received, TIMEOUT_S)
+        frames = [await asyncio.wait_for(track.recv(), TIMEOUT_S) for _ in range(5)]
 
         assert all(
             isinstance(f, av.VideoFrame) and (f.width, f.height) == (WIDTH, HEIGHT) for f in frames
