@@ -1,7 +1,7 @@
 """What live-call tests wait for and what they count, so they hold on a loaded machine.
 
 These tests run real calls on a 2-core machine that may run another test suite or a
-benchmark at the same time (``../STYLE.md``, Tests). So they never sleep a fixed time and
+benchmark at the same time (README, Development). So they never sleep a fixed time and
 then assert a rate: they wait for a condition with a generous timeout (:func:`until`) and
 assert counts, states and ratios, e.g. the frames that carried lip-sync against the
 frames the caller spoke (:func:`speech_frames`, :func:`frames_due`).
