@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from benchmarks.webrtc_load import allow_loopback
 from config.settings import Settings
 from streaming.audio_in.decode import decode_audio
 from streaming.live.manager import SessionManager
 from streaming.live.session import Session
+from streaming.webrtc.compat import loopback_only_ice
 from web.app import build_app
 from web.app_keys import SESSIONS
 
@@ -69,7 +69,6 @@ async def live_server(
     root: Path, settings: dict[str, object] | None = None
 ) -> AsyncIterator[tuple[web.Application, str]]:
     """Serve ``build_app`` on 127.0.0.1 (a free port); yields the app and its URL."""
-    allow_loopback()
     config = Settings.model_validate(
         {
             "avatars": {"root": str(root / "avatars"), "data_dir": str(root / "data")},
@@ -84,15 +83,16 @@ async def live_server(
             **(settings or {}),
         }
     )
-    runner = web.AppRunner(build_app(config))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield runner.app, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    with loopback_only_ice():
+        runner = web.AppRunner(build_app(config))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            yield runner.app, f"http://{host}:{port}"
+        finally:
+            await runner.cleanup()
 
 
 async def load_run(
