@@ -16,7 +16,8 @@ from referencing.jsonschema import DRAFT202012
 
 from streaming.audio_in.exceptions import AudioInputError
 from streaming.audio_in.push import decode_pushed_audio
-from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from streaming.live.snapshot import SessionSnapshot
+from tests.snapshots import session_snapshot
 from web import openapi
 from web.errors import RequestError
 from web.request_body import parse_body, validate
@@ -33,25 +34,7 @@ from web.schemas import (
     SessionState,
 )
 
-SNAPSHOT = SessionSnapshot(
-    session_id="s-1",
-    avatar="alice",
-    state="streaming",
-    uptime_s=12.5,
-    frames_sent=300,
-    frames_inferred=180,
-    frames_skipped=2,
-    frames_dropped={"not_ready": 3},
-    delay_ms=532.5,
-    lookahead_ms=452.5,
-    added_delay_ms=AddedDelay(p50=21.5, p95=30.25),
-    queued_audio_s=1.5,
-    buffered=BufferedMedia(audio_chunks=26, frames=12),
-    remote="192.0.2.7",
-    output_fps=25.0,
-    av_offset_ms=-20.0,
-    bitrate_bps=None,
-)
+SNAPSHOT = session_snapshot()
 
 
 @pytest.mark.parametrize(

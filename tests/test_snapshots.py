@@ -15,13 +15,11 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.snapshot import CoreSnapshot
 from streaming.live.manager import SessionManager
 from streaming.live.snapshot import (
-    AddedDelay,
-    BufferedMedia,
-    SessionSnapshot,
     SessionsSnapshot,
     SessionTotals,
 )
 from tests.packages import make_package
+from tests.snapshots import session_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,28 +76,6 @@ async def test_the_core_snapshot_holds_devices_models_and_survives_json(tmp_path
     assert [d.workers_alive for d in stopped.devices] == [0, 0]
 
 
-def _session(session_id: str) -> SessionSnapshot:
-    return SessionSnapshot(
-        session_id=session_id,
-        avatar="alice",
-        state="streaming",
-        uptime_s=12.5,
-        frames_sent=300,
-        frames_inferred=180,
-        frames_skipped=2,
-        frames_dropped={"not_ready": 3, "DeadlineExceededError": 1},
-        delay_ms=532.5,
-        lookahead_ms=452.5,
-        added_delay_ms=AddedDelay(p50=21.5, p95=30.25),
-        queued_audio_s=1.5,
-        buffered=BufferedMedia(audio_chunks=26, frames=12),
-        remote="192.0.2.7",
-        output_fps=25.0,
-        av_offset_ms=-20.0,
-        bitrate_bps=None,
-    )
-
-
 async def test_the_sessions_snapshot_survives_json(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     manager = SessionManager(settings, InferenceCore(settings, AvatarLocator(tmp_path)))
@@ -112,7 +88,7 @@ async def test_the_sessions_snapshot_survives_json(tmp_path: Path) -> None:
     assert empty.cache.max_bytes == settings.cache.background_cache_bytes
     snapshot = dataclasses.replace(
         empty,
-        sessions=(_session("one"), _session("two")),
+        sessions=(session_snapshot(session_id="one"), session_snapshot(session_id="two")),
         totals=SessionTotals(
             live=2,
             started=5,

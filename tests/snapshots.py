@@ -1,0 +1,33 @@
+"""A plausible live call's snapshot, for tests that serialise or render one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+
+_SAMPLE = SessionSnapshot(
+    session_id="s-1",
+    avatar="alice",
+    state="streaming",
+    uptime_s=12.5,
+    frames_sent=300,
+    frames_inferred=180,
+    frames_skipped=2,
+    frames_dropped={"not_ready": 3, "DeadlineExceededError": 1},
+    delay_ms=532.5,
+    lookahead_ms=452.5,
+    added_delay_ms=AddedDelay(p50=21.5, p95=30.25),
+    queued_audio_s=1.5,
+    buffered=BufferedMedia(audio_chunks=26, frames=12),
+    remote="192.0.2.7",
+    output_fps=25.0,
+    av_offset_ms=-20.0,
+    bitrate_bps=None,
+)
+
+
+def session_snapshot(**changes: Any) -> SessionSnapshot:
+    """The sample call, with ``changes`` applied (e.g. ``session_id="two"``)."""
+    return dataclasses.replace(_SAMPLE, **changes)
