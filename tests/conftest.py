@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", r"ignore:\(rm_rf\) error removing:pytest.PytestWarning"
     )
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """Undo what a test's in-process CLI run did to the root logger.
+
+    ``web.log_format.configure_logging`` adds a handler on the ``sys.stderr`` of the moment,
+    which pytest closes after that test; every later log line then printed a
+    "Logging error" traceback (slow, and noise in every later failure report).
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

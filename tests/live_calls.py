@@ -10,8 +10,14 @@ A live frame is lip-synced only if it is ready by its send slot, ``session.delay
 its audio. With the default ``pipeline_margin_ms`` (60 ms) a loaded machine turns
 scheduling delays into dropped lip-sync, which is a question of speed, not of behaviour:
 tests that count lip-synced frames give the server :data:`GENEROUS_MARGIN_MS` instead.
-Whether the default budget is met is measured by ``benchmarks/delay.py`` (added delay
-p95) and ``benchmarks/sessions_per_core.py`` (>= 24 fps with <= 1% of lip-sync dropped).
+Even that margin is not enough when two copies of the suite run their two-call tests at
+the same moment (four calls and four in-process callers on two cores): the server then
+drops frames as it must (``docs/architecture.md`` §8). So a test checks what holds at any
+speed (:func:`assert_lip_synced`): the speech gate followed the caller's speech, frames
+carried lip-sync, and every frame that did not was dropped for lateness, never for a
+fault. Whether the default budget is met is measured by ``benchmarks/delay.py`` (added
+delay p95) and ``benchmarks/sessions_per_core.py`` (>= 24 fps with <= 1% of lip-sync
+dropped).
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ TIMEOUT_S = 60.0
 #: ``session.pipeline_margin_ms`` for tests that count lip-synced frames (see above).
 GENEROUS_MARGIN_MS = 1000.0
 FPS = 25
+#: Why a frame may miss lip-sync on a machine too busy for real time: the call drops it
+#: rather than fall behind (``streaming/live/renderer.py``). Any other reason is a fault.
+LATENESS = frozenset({"late", "not_ready", "overload", "DeadlineExceededError", "QueueFullError"})
 
 
 async def until(
@@ -71,3 +80,17 @@ def frames_due(state: Mapping[str, Any]) -> int:
     """
     dropped = sum(n for reason, n in state["frames_dropped"].items() if reason != "not_ready")
     return int(state["frames_inferred"]) + dropped
+
+
+def assert_lip_synced(state: Mapping[str, Any], *, due_at_least: float) -> None:
+    """Assert a call lip-synced what it was due to, as far as the machine's speed allowed.
+
+    ``state`` is ``GET /sessions/{id}``. The speech gate sent at least ``due_at_least``
+    frames to be lip-synced (so the caller's audio reached it), some of them went out
+    with their face, and the rest were dropped only for lateness (:data:`LATENESS`).
+    """
+    due = frames_due(state)
+    assert due >= due_at_least, f"the speech gate sent {due} frames, expected >= {due_at_least}"
+    assert state["frames_inferred"] > 0, f"no frame carried lip-sync: {dict(state)}"
+    faults = {r: n for r, n in state["frames_dropped"].items() if r not in LATENESS}
+    assert not faults, f"frames dropped for something other than lateness: {faults}"

@@ -42,7 +42,7 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device, session_config
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.loaded_model import LoadedModel
-from tests.live_calls import GENEROUS_MARGIN_MS, frames_due, until
+from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -241,9 +241,7 @@ async def test_inference_errors_drop_one_sessions_frames_until_the_fault_stops(
         assert bad["frames_inferred"] >= 10  # inference came back once the fault stopped
         assert bad["state"] == "streaming"
         # The other session lip-synced its speech through the fault.
-        assert "InferenceError" not in good["frames_dropped"]
-        assert frames_due(good) >= 25, good
-        assert good["frames_inferred"] >= 0.5 * frames_due(good), good
+        assert_lip_synced(good, due_at_least=25)  # no InferenceError among its drops
         stats = client.app[CORE].schedulers[0].stats()
         assert stats.models["second"].failed == fault.failed_frames
         assert stats.models["demo"].failed == 0
