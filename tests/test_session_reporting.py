@@ -121,7 +121,8 @@ def _snapshot(report: SessionReport, **changes: object) -> SessionSnapshot:
         "video_next_index": 252,
         "audio_next_index": 505,
         "queued_audio_s": 1.23456,
-        "buffered": BufferedMedia(audio_chunks=24, frames=9),
+        "buffered": BufferedMedia(audio_chunks=24, frames=9, inbound_audio_ms=20.0),
+        "inbound_skipped_ms": 140.04,
         "bitrate_bps": 900_000,
     }
     values.update(changes)
@@ -151,7 +152,8 @@ def test_snapshot_fields() -> None:
         lookahead_ms=212.5,
         added_delay_ms=AddedDelay(p50=20.0, p95=29.0),
         queued_audio_s=1.23,
-        buffered=BufferedMedia(audio_chunks=24, frames=9),
+        buffered=BufferedMedia(audio_chunks=24, frames=9, inbound_audio_ms=20.0),
+        inbound_skipped_ms=140.0,
         remote="127.0.0.1",
         output_fps=25.0,  # 250 frames in the 10 s since start
         av_offset_ms=20.0,  # audio at 10.10 s, video at 10.08 s

@@ -6,7 +6,9 @@ what happened (``tests/live_calls.py``); frame rates are measured by the benchma
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -311,3 +313,32 @@ async def test_two_sessions_on_different_avatars_each_lip_sync_their_caller(
         for caller in callers:
             await caller.hang_up()
     assert _manager(client).sessions == []
+
+
+async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
+    client: TestClient[object, object], tmp_path: Path
+) -> None:
+    """An event-loop stall mid-call: the microphone audio held back meanwhile arrives at
+    once, after the timeline has moved on. It is skipped, so the call's delay is what
+    it was (docs/architecture.md §2), and nothing stays queued."""
+    pcm, _ = speech_with_pauses(tmp_path, ("one two three four five six seven",), pause_s=3.0)
+    caller = Caller(client, "demo")
+    caller.keep_luma = False
+    await caller.connect(microphone=write_wav(tmp_path / "mic.wav", pcm, 16_000))
+    try:
+        await caller.wait_for_media(1.0)
+        before = await _state(client, caller.session_id)
+        assert before["inbound_skipped_ms"] == 0
+        # The stall: the event loop (server and caller alike) is held for 300 ms.
+        asyncio.get_running_loop().call_soon(time.sleep, 0.3)
+
+        async def drained() -> dict[str, Any] | None:
+            state = await _state(client, caller.session_id)
+            skipped = state["inbound_skipped_ms"] > 0
+            return state if skipped and state["buffered"]["inbound_audio_ms"] <= 40 else None
+
+        after = await until(drained, "the stall's backlog to be skipped")
+        assert after["inbound_skipped_ms"] <= 300 + 20, after  # the stall's worth, no more
+        assert after["state"] == "streaming"
+    finally:
+        await caller.hang_up()

@@ -3,9 +3,14 @@
 Sources are the caller's WebRTC microphone (a short jitter buffer) and audio pushed over
 HTTP or spoken by text-to-speech (a queue played in real time). Each tick mixes what is
 there into one chunk; silence fills the gaps, so the timeline never stalls and the
-avatar idles when nobody speaks. Both buffers are bounded: a microphone that runs ahead
-loses its oldest samples (no latency build-up), and a push beyond the queue limit is
-refused.
+avatar idles when nobody speaks. Both buffers are bounded: a push beyond the queue
+limit is refused, and the microphone's buffer keeps only what the network's jitter
+needs (``docs/architecture.md`` §2): the lowest level it held at the ticks of the last
+:data:`INBOUND_WINDOW_TICKS` was never needed, so beyond a chunk and
+:data:`INBOUND_SLACK_MS` it is skipped, oldest first. After a stall (the event loop or
+the caller's network held packets back, then delivered them at once) the call is back
+at its configured delay within about two windows, by skipping the caller's audio, not
+by keeping it queued; video follows the same chunks, so lips and sound skip together.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from streaming.audio_in.exceptions import AudioQueueFullError
 from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE
 
 logger = logging.getLogger(__name__)
+
+#: Microphone audio the buffer may hold at a tick beyond the chunk it gives: one packet
+#: interval, for a packet that arrives just after its tick.
+INBOUND_SLACK_MS = 20.0
+#: Ticks (20 ms each) over which the buffer's lowest level is watched before the excess
+#: is skipped: 0.5 s, so a stall's backlog is gone within about 1 s.
+INBOUND_WINDOW_TICKS = 25
 
 
 class _SampleQueue:
@@ -63,21 +75,53 @@ class _SampleQueue:
 class AudioMixer:
     """Mixes microphone and pushed audio into 20 ms chunks at 48 kHz (float32 mono)."""
 
-    def __init__(self, *, max_inbound_ms: float = 200.0, max_pushed_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_inbound_ms: float = 200.0,
+        max_pushed_s: float = 120.0,
+        inbound_slack_ms: float = INBOUND_SLACK_MS,
+        inbound_window_ticks: int = INBOUND_WINDOW_TICKS,
+    ) -> None:
         self._inbound = _SampleQueue()
         self._pushed = _SampleQueue()
         self._max_inbound = int(OUT_RATE * max_inbound_ms / 1000)
         self._max_pushed = int(OUT_RATE * max_pushed_s)
-        self.inbound_dropped_samples = 0
+        self._keep_inbound = CHUNK_SAMPLES + int(OUT_RATE * inbound_slack_ms / 1000)
+        self._window_ticks = inbound_window_ticks
+        self._ticks = 0
+        self._lowest = self._max_inbound  # the inbound level's minimum in this window
+        self.inbound_dropped_samples = 0  # microphone audio skipped to hold the delay
         self.underruns = 0  # ticks where the microphone had less than a chunk
 
     def feed_inbound(self, samples: np.ndarray) -> None:
         """Add microphone samples (float32 mono 48 kHz) as they arrive."""
         self._inbound.put(np.asarray(samples, dtype=np.float32))
-        excess = self._inbound.size - self._max_inbound
-        if excess > 0:  # the caller's audio runs ahead of our clock: keep the newest
+        self._drop_inbound(self._inbound.size - self._max_inbound)
+
+    @property
+    def inbound_ms(self) -> float:
+        """Microphone audio waiting for the timeline, in milliseconds."""
+        return self._inbound.size * 1000 / OUT_RATE
+
+    @property
+    def inbound_skipped_ms(self) -> float:
+        """Microphone audio skipped so far, in milliseconds."""
+        return self.inbound_dropped_samples * 1000 / OUT_RATE
+
+    def _drop_inbound(self, excess: int) -> None:
+        if excess > 0:  # keep the newest
             self._inbound.drop_oldest(excess)
             self.inbound_dropped_samples += excess
+
+    def _watch_inbound(self) -> None:
+        """At a tick: note the level; at a window's end skip what it never needed."""
+        self._lowest = min(self._lowest, self._inbound.size)
+        self._ticks += 1
+        if self._ticks == self._window_ticks:
+            self._drop_inbound(self._lowest - self._keep_inbound)
+            self._ticks = 0
+            self._lowest = self._max_inbound
 
     def push(self, samples: np.ndarray) -> float:
         """Queue audio to be played in real time; returns the seconds now queued.
@@ -104,6 +148,7 @@ class AudioMixer:
     def next_chunk(self) -> np.ndarray:
         """The next 20 ms of the timeline (consumes from both sources)."""
         chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+        self._watch_inbound()
         if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
             self.underruns += 1
         self._pushed.take_into(chunk)

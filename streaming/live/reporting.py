@@ -137,6 +137,7 @@ class SessionReport:
         audio_next_index: int | None,
         queued_audio_s: float,
         buffered: BufferedMedia,
+        inbound_skipped_ms: float,
         bitrate_bps: int | None,
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
@@ -162,6 +163,7 @@ class SessionReport:
             added_delay_ms=AddedDelay(p50=round(p50, 1), p95=round(p95, 1)),
             queued_audio_s=round(queued_audio_s, 2),
             buffered=buffered,
+            inbound_skipped_ms=round(inbound_skipped_ms, 1),
             remote=self.remote,
             output_fps=round(fps, 2),
             av_offset_ms=offset_ms,

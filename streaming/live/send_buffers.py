@@ -12,15 +12,21 @@ Not thread-safe: the event loop alone uses it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
 
-from streaming.live.snapshot import BufferedMedia
 from streaming.webrtc.tracks import AUDIO_CHUNK_S, SILENCE, stamped
 
 STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
+
+
+class Waiting(NamedTuple):
+    """How much is made and waiting for its slot."""
+
+    audio_chunks: int
+    frames: int
 
 
 class SendBuffers:
@@ -77,6 +83,6 @@ class SendBuffers:
         for index in self._chunks:
             self._chunks[index] = stamped(SILENCE, index)
 
-    def sizes(self) -> BufferedMedia:
+    def sizes(self) -> Waiting:
         """How many packets and frames are waiting."""
-        return BufferedMedia(audio_chunks=len(self._chunks), frames=len(self._frames))
+        return Waiting(audio_chunks=len(self._chunks), frames=len(self._frames))

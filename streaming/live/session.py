@@ -45,7 +45,7 @@ from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer
 from streaming.live.reporting import SessionReport, sends_track, target_bitrate_bps
 from streaming.live.send_buffers import SendBuffers
-from streaming.live.snapshot import SessionSnapshot
+from streaming.live.snapshot import BufferedMedia, SessionSnapshot
 from streaming.live.timeline import FEATURE_RATE, AudioTimeline
 from streaming.live.watchdogs import (
     PEER_CHECK_S,
@@ -319,8 +319,8 @@ class Session:
         p50, p95 = self.stats.processing_percentiles()
         logger.info(
             "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
-            "frames_skipped=%d dropped=%s delay_ms=%.0f lookahead_ms=%.1f "
-            "added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f",
+            "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
+            "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f",
             self.session_id,
             self.avatar_id,
             reason,
@@ -328,6 +328,7 @@ class Session:
             self.stats.frames_inferred,
             self.video.frames_skipped,
             self.stats.frames_dropped,
+            self._mixer.inbound_skipped_ms,
             self.delay_s * 1000,
             self.lookahead_ms,
             p50,
@@ -348,6 +349,9 @@ class Session:
             video_next_index=self.video.next_index,
             audio_next_index=self.audio.next_index if sends_audio else None,
             queued_audio_s=self.queued_audio_s,
-            buffered=self._buffers.sizes(),
+            buffered=BufferedMedia(
+                *self._buffers.sizes(), inbound_audio_ms=round(self._mixer.inbound_ms, 1)
+            ),
+            inbound_skipped_ms=self._mixer.inbound_skipped_ms,
             bitrate_bps=target_bitrate_bps(self.pc, self.video),
         )

@@ -26,10 +26,11 @@ class AddedDelay:
 
 @dataclass(frozen=True)
 class BufferedMedia:
-    """Media made and waiting for its send slot."""
+    """Media waiting: the caller's audio for the timeline, made media for its send slot."""
 
     audio_chunks: int
     frames: int
+    inbound_audio_ms: float  # the caller's microphone audio not yet on the timeline
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class SessionSnapshot:
     added_delay_ms: AddedDelay
     queued_audio_s: float
     buffered: BufferedMedia
+    inbound_skipped_ms: float  # microphone audio skipped so its backlog never adds delay
     remote: str | None
     output_fps: float  # video frames sent per second, over about the last 5 s
     av_offset_ms: float | None  # next audio chunk's time - next video frame's time

@@ -100,10 +100,14 @@ class AddedDelay(ResponseModel):
 
 
 class BufferedMedia(ResponseModel):
-    """Media made and waiting for its send slot."""
+    """Media waiting: the caller's audio for the timeline, made media for its send slot."""
 
     audio_chunks: Count
     frames: Count
+    inbound_audio_ms: NonNegative = Field(
+        description="The caller's microphone audio received and not yet on the timeline: "
+        "at most one chunk plus 20 ms of slack once any backlog is skipped."
+    )
 
 
 class SessionState(ResponseModel):
@@ -127,6 +131,10 @@ class SessionState(ResponseModel):
     added_delay_ms: AddedDelay
     queued_audio_s: NonNegative
     buffered: BufferedMedia
+    inbound_skipped_ms: NonNegative = Field(
+        description="Microphone audio skipped since the call began, so that a backlog "
+        "(after a stall or from a caller's faster clock) never adds delay."
+    )
     remote: str | None = Field(description="The caller's address as the server saw it.")
     output_fps: NonNegative = Field(
         description="Video frames sent per second over about the last 5 s."
