@@ -26,6 +26,8 @@ from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundE
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
+from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
+from streaming.webrtc.compat import install_audio_receive_buffer
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import (
     EncoderFactory,
@@ -229,6 +231,9 @@ class SessionManager:
                 raise OfferError(f"the offer cannot be answered: {exc!r}"[:500]) from exc
             if not pc.getTransceivers() or all(t.mid is None for t in pc.getTransceivers()):
                 raise OfferError("the offer has no audio or video section")
+            for transceiver in pc.getTransceivers():  # before media flows (§2)
+                if transceiver.kind == "audio":
+                    install_audio_receive_buffer(transceiver, ArrivalOrderAudioBuffer())
             negotiated = negotiated_codec(video_transceiver)
             codec = negotiated.mimeType if negotiated is not None else None
             if negotiated is not None:

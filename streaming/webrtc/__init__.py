@@ -1,5 +1,6 @@
 """The WebRTC side of a call, on aiortc: checking offers before aiortc parses them, the
-outbound tracks paced by the session clock, our H.264 encoder, ICE settings, and
+caller's audio handed on as it arrives, the outbound tracks paced by the session clock,
+our H.264 encoder, ICE settings, and
 (in :mod:`~streaming.webrtc.compat`) every use of aiortc or aioice internals
 (``docs/architecture.md`` §6).
 
@@ -14,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
     from streaming.webrtc.compat import close_peer_connection
     from streaming.webrtc.encoder_config import EncoderConfig
     from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 
 _SOURCES = {
+    "ArrivalOrderAudioBuffer": "streaming.webrtc.audio_receive",
     "AvatarAudioTrack": "streaming.webrtc.tracks",
     "AvatarVideoTrack": "streaming.webrtc.tracks",
     "EncoderConfig": "streaming.webrtc.encoder_config",
@@ -40,6 +43,7 @@ _SOURCES = {
 }
 
 __all__ = [
+    "ArrivalOrderAudioBuffer",
     "AvatarAudioTrack",
     "AvatarVideoTrack",
     "EncoderConfig",

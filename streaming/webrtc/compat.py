@@ -1,7 +1,9 @@
 """Every use of aiortc and aioice internals, in one place.
 
 aiortc has no public way to do a few things lipstream needs: give a sender our own H.264
-encoder (and read its bitrate back), see which codec a transceiver negotiated, stop an
+encoder (and read its bitrate back), give an audio receiver a buffer that does not hold
+packets back (``streaming/webrtc/audio_receive.py``), see which codec a transceiver
+negotiated, stop an
 ICE consent task that would outlive its connection, and gather only loopback candidates
 in a sandbox. Each private attribute or hook used for that is listed in
 :data:`INTERNALS` and reached only through the functions here; no other module touches
@@ -45,6 +47,7 @@ TESTED_VERSIONS = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 
 _SENDER_ENCODER = "_RTCRtpSender__encoder"  # name-mangled ``RTCRtpSender.__encoder``
 _RECEIVER_CODECS = "_RTCRtpReceiver__codecs"  # name-mangled ``RTCRtpReceiver.__codecs``
+_RECEIVER_JITTER = "_RTCRtpReceiver__jitter_buffer"  # ``RTCRtpReceiver.__jitter_buffer``
 _TRANSCEIVER_CODECS = "_codecs"
 _ICE_CONNECTION = "_connection"
 
@@ -62,6 +65,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCRtpSender", _SENDER_ENCODER, "install our H.264 encoder; read its bitrate"),
     Internal("aiortc.RTCRtpTransceiver", _TRANSCEIVER_CODECS, "the codec a transceiver negotiated"),
     Internal("aiortc.RTCRtpReceiver", _RECEIVER_CODECS, "the codecs a receiver accepts"),
+    Internal("aiortc.RTCRtpReceiver", _RECEIVER_JITTER, "audio packets on at once, not prefetched"),
     Internal("aiortc.RTCIceTransport", _ICE_CONNECTION, "its aioice Connection (consent checks)"),
     Internal("aioice.Connection", "query_consent", "made a no-op once a connection closes"),
     Internal("aioice.ice", "get_host_addresses", "gather loopback candidates only"),
@@ -148,6 +152,25 @@ def receiver_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameter
     """The codecs ``transceiver``'s receiver accepts, by payload type order."""
     codecs: dict[int, RTCRtpCodecParameters] = getattr(transceiver.receiver, _RECEIVER_CODECS)
     return list(codecs.values())
+
+
+def install_audio_receive_buffer(transceiver: RTCRtpTransceiver, buffer: object) -> None:
+    """Make an audio ``transceiver``'s receiver pass packets through ``buffer`` (an
+    :class:`~streaming.webrtc.audio_receive.ArrivalOrderAudioBuffer`) instead of aiortc's
+    prefetching jitter buffer. Call it before media flows (after setRemoteDescription).
+
+    Raises ``RuntimeError`` naming the attribute if this aiortc keeps its buffer elsewhere.
+    """
+    if transceiver.kind != "audio":
+        raise ValueError(f"only audio receivers take this buffer, not {transceiver.kind}")
+    receiver = transceiver.receiver
+    if not hasattr(receiver, _RECEIVER_JITTER):
+        raise RuntimeError(
+            f"aiortc {installed_versions()['aiortc']}'s RTCRtpReceiver has no "
+            f"{_RECEIVER_JITTER} attribute (tested with {TESTED_VERSIONS['aiortc']}): "
+            "streaming.webrtc.compat must be updated for this aiortc version"
+        )
+    setattr(receiver, _RECEIVER_JITTER, buffer)
 
 
 # -- closing --------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""Audio packets reach the decoder as they arrive, where aiortc's buffer held them back.
+
+Each test feeds the same RTP packets (as aiortc's receiver has them: depayloaded into
+``_data``) to :class:`ArrivalOrderAudioBuffer` and, for comparison, to the
+``JitterBuffer(capacity=16, prefetch=4)`` aiortc 1.16 gives every audio receiver, and
+counts the packets each holds: 20 ms of the caller's audio per packet held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiortc import AudioStreamTrack, RTCPeerConnection
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.rtp import RtpPacket
+
+from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
+from streaming.webrtc.compat import install_audio_receive_buffer
+
+
+def packet(sequence: int) -> RtpPacket:
+    p = RtpPacket(payload_type=111, sequence_number=sequence % 0x10000, timestamp=960 * sequence)
+    p._data = bytes([sequence % 256])  # type: ignore[attr-defined]
+    return p
+
+
+def behind_after(buffer: ArrivalOrderAudioBuffer | JitterBuffer, sequences: list[int]) -> int:
+    """How many packets the newest one handed on trails the newest one fed."""
+    newest_out = -1
+    for s in sequences:
+        frame = buffer.add(packet(s))[1]
+        if frame is not None:
+            newest_out = frame.timestamp // 960
+    return sequences[-1] - newest_out
+
+
+def aiortc_audio_buffer() -> JitterBuffer:
+    return JitterBuffer(capacity=16, prefetch=4)
+
+
+def test_packets_in_order_pass_at_once_where_aiortc_holds_four() -> None:
+    sequences = list(range(1000, 1100))
+    assert behind_after(aiortc_audio_buffer(), sequences) == 4  # 80 ms on every call
+    ours = ArrivalOrderAudioBuffer()
+    for s in sequences:  # each one on the packet's own arrival
+        pli, frame = ours.add(packet(s))
+        assert not pli
+        assert frame is not None
+        assert frame.data == bytes([s % 256])
+        assert frame.timestamp == 960 * s
+    assert ours.passed == 100
+
+
+def test_one_lost_packet_costs_20_ms_once_where_aiortc_keeps_the_buffer_full() -> None:
+    sequences = [s for s in range(0, 300) if s != 50]  # packet 50 never comes
+    assert behind_after(aiortc_audio_buffer(), sequences) == 14  # 280 ms, for good
+    assert behind_after(ArrivalOrderAudioBuffer(), sequences) == 0
+
+
+def test_a_reordered_or_repeated_packet_is_dropped_not_played_out_of_order() -> None:
+    ours = ArrivalOrderAudioBuffer()
+    handed = [s for s in (1, 2, 4, 3, 5, 5, 6) if ours.add(packet(s))[1] is not None]
+    assert handed == [1, 2, 4, 5, 6]
+    assert ours.dropped == 2
+
+
+def test_sequence_numbers_wrap_around() -> None:
+    assert behind_after(ArrivalOrderAudioBuffer(), list(range(65530, 65545))) == 0
+
+
+def test_a_packet_without_aiortcs_depayloaded_data_fails_naming_the_fix() -> None:
+    bare = RtpPacket(payload_type=111, sequence_number=1, timestamp=0)
+    with pytest.raises(RuntimeError, match=r"RtpPacket\._data.*streaming\.webrtc\.compat"):
+        ArrivalOrderAudioBuffer().add(bare)
+
+
+async def test_a_real_audio_call_flows_through_the_buffer(loopback: None) -> None:
+    """The seam as the server uses it: installed after the offer, before media."""
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    buffer = ArrivalOrderAudioBuffer()
+    received: asyncio.Queue[object] = asyncio.Queue()
+    server.on("track", received.put_nowait)
+    try:
+        caller.addTrack(AudioStreamTrack())  # 20 ms of silence per packet, in real time
+        await caller.setLocalDescription(await caller.createOffer())
+        await server.setRemoteDescription(caller.localDescription)
+        (transceiver,) = server.getTransceivers()
+        install_audio_receive_buffer(transceiver, buffer)
+        await server.setLocalDescription(await server.createAnswer())
+        await caller.setRemoteDescription(server.localDescription)
+        track = await asyncio.wait_for(received.get(), 30)
+        for _ in range(10):
+            await asyncio.wait_for(track.recv(), 30)  # type: ignore[attr-defined]
+        assert buffer.passed >= 10
+        with pytest.raises(ValueError, match="only audio"):
+            install_audio_receive_buffer(caller.addTransceiver("video"), buffer)
+    finally:
+        await caller.close()
+        await server.close()
