@@ -23,6 +23,7 @@ BENCHMARKS = (
     "core_throughput",
     "frame_costs",
     "delay",
+    "browser_delay",
     "memory",
     "cold_start",
     "sessions_per_core",
