@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.chromium import CHROMIUM, caller_page
 from benchmarks.common import Result, Target, print_table, print_targets
 from benchmarks.live_server import live_server
 
-CHROMIUM = Path("/usr/bin/chromium")
 RATE = 48_000
 BURST_S = 0.3
 # Irregular gaps, so no burst can be matched with the wrong one by a periodic delay.
@@ -36,19 +36,6 @@ GAPS_S = (1.3, 1.9, 1.1, 2.3, 1.6, 1.2, 2.0, 1.45)
 BLOCK = 128  # samples per energy value in the page
 BROWSER_BUFFERS_MS = 80.0  # what the target allows the browser's own buffers (issue 12)
 
-CHROMIUM_ARGS = (
-    "--headless",
-    "--disable-gpu",
-    "--no-sandbox",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--allow-loopback-in-peer-connection",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-)
 
 # Runs in the page (the server's origin): call, then record both channels' energy.
 PAGE_SCRIPT = """
@@ -151,27 +138,15 @@ def burst_delays_ms(energy: dict[str, Any], configured_ms: float) -> list[float]
 
 
 async def _measure(root: Path, seconds: float) -> dict[str, Any]:
-    from playwright.async_api import async_playwright  # a test extra: imported when run
-
     mic = write_bursts(root / "bursts.wav")
-    async with live_server(root) as (_app, url), async_playwright() as playwright:
-        context = await playwright.chromium.launch_persistent_context(
-            str(root / "profile"),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={mic}"],
+    async with live_server(root) as (_app, url), caller_page(root / "profile", mic) as page:
+        await page.goto(url + "/")
+        session_id = await page.evaluate(PAGE_SCRIPT, {"avatar": "demo", "block": BLOCK})
+        await asyncio.sleep(seconds)  # a benchmark: the call plays for this long
+        energy = await page.evaluate("() => window.__energy")
+        state = await page.evaluate(
+            "async id => (await fetch('/sessions/' + id)).json()", session_id
         )
-        try:
-            page = context.pages[0] if context.pages else await context.new_page()
-            await page.goto(url + "/")
-            session_id = await page.evaluate(PAGE_SCRIPT, {"avatar": "demo", "block": BLOCK})
-            await asyncio.sleep(seconds)  # a benchmark: the call plays for this long
-            energy = await page.evaluate("() => window.__energy")
-            state = await page.evaluate(
-                "async id => (await fetch('/sessions/' + id)).json()", session_id
-            )
-        finally:
-            await context.close()
     configured_ms = float(state["delay_ms"])
     return {"delays_ms": burst_delays_ms(energy, configured_ms), "configured_ms": configured_ms}
 

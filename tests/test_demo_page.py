@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
+from benchmarks.chromium import CHROMIUM, caller_page
 from config.settings import Settings
 from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
 from tests.media import SAMPLE_RATE, require_espeak, resample_linear, write_wav
@@ -26,7 +27,7 @@ from web.app import build_app
 from web.app_keys import SESSIONS
 
 try:
-    from playwright.async_api import Error, Page, Response, async_playwright, expect
+    from playwright.async_api import Error, Page, Response, expect
 except ImportError as exc:  # the `page` fixture fails every test with the install command
     PLAYWRIGHT_MISSING: ImportError | None = exc
 else:
@@ -34,22 +35,6 @@ else:
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-# docs/architecture.md §6: fake devices, no permission prompt, autoplay with sound, loopback ICE.
-CHROMIUM_ARGS = (
-    "--headless",
-    "--disable-gpu",
-    "--no-sandbox",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--allow-loopback-in-peer-connection",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 FAKE_MIC_RATE = 48_000
 # Generous: a 2-core machine encodes and decodes 720p while it tests, maybe beside another
 # suite. Tests wait for what the page shows, they do not time it (tests/live_calls.py).
@@ -116,20 +101,10 @@ def chromium() -> Path:
 async def page(tmp_path: Path, fake_mic_wav: Path, chromium: Path) -> AsyncIterator[Page]:
     """A page in a fresh headless Chromium profile; fails the test on any uncaught JS error."""
     page_errors: list[Error] = []
-    async with async_playwright() as playwright:
-        context = await playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=str(chromium),
-            headless=True,
-            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={fake_mic_wav}"],
-        )
-        try:
-            browser_page = context.pages[0] if context.pages else await context.new_page()
-            browser_page.set_default_timeout(TIMEOUT_MS)
-            browser_page.on("pageerror", lambda error: page_errors.append(error))
-            yield browser_page
-        finally:
-            await context.close()
+    async with caller_page(tmp_path / "chromium-profile", fake_mic_wav) as browser_page:
+        browser_page.set_default_timeout(TIMEOUT_MS)
+        browser_page.on("pageerror", lambda error: page_errors.append(error))
+        yield browser_page
     assert not page_errors, f"uncaught errors in the page: {page_errors}"
 
 

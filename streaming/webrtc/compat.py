@@ -129,18 +129,23 @@ def sender_encoder(sender: RTCRtpSender) -> object | None:
     return getattr(sender, _SENDER_ENCODER, None)
 
 
+def _replace(owner: object, name: str, value: object) -> None:
+    """Set aiortc's private ``owner.name``; a ``RuntimeError`` naming it if it is gone."""
+    if not hasattr(owner, name):
+        raise RuntimeError(
+            f"aiortc {installed_versions()['aiortc']}'s {type(owner).__name__} has no {name} "
+            f"attribute (tested with {TESTED_VERSIONS['aiortc']}): streaming.webrtc.compat "
+            "must be updated for this aiortc version"
+        )
+    setattr(owner, name, value)
+
+
 def install_sender_encoder(sender: RTCRtpSender, encoder: object) -> None:
     """Make ``sender`` encode with ``encoder``: aiortc creates its own only if none is set.
 
     Raises ``RuntimeError`` naming the attribute if this aiortc keeps its encoder elsewhere.
     """
-    if not hasattr(sender, _SENDER_ENCODER):
-        raise RuntimeError(
-            f"aiortc {installed_versions()['aiortc']}'s RTCRtpSender has no {_SENDER_ENCODER} "
-            f"attribute (tested with {TESTED_VERSIONS['aiortc']}): streaming.webrtc.compat "
-            "must be updated for this aiortc version"
-        )
-    setattr(sender, _SENDER_ENCODER, encoder)
+    _replace(sender, _SENDER_ENCODER, encoder)
 
 
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
@@ -163,14 +168,7 @@ def install_audio_receive_buffer(transceiver: RTCRtpTransceiver, buffer: object)
     """
     if transceiver.kind != "audio":
         raise ValueError(f"only audio receivers take this buffer, not {transceiver.kind}")
-    receiver = transceiver.receiver
-    if not hasattr(receiver, _RECEIVER_JITTER):
-        raise RuntimeError(
-            f"aiortc {installed_versions()['aiortc']}'s RTCRtpReceiver has no "
-            f"{_RECEIVER_JITTER} attribute (tested with {TESTED_VERSIONS['aiortc']}): "
-            "streaming.webrtc.compat must be updated for this aiortc version"
-        )
-    setattr(receiver, _RECEIVER_JITTER, buffer)
+    _replace(transceiver.receiver, _RECEIVER_JITTER, buffer)
 
 
 # -- closing --------------------------------------------------------------------------
