@@ -18,7 +18,12 @@ _SAMPLE = SessionSnapshot(
     frames_dropped={"not_ready": 3, "DeadlineExceededError": 1},
     delay_ms=532.5,
     lookahead_ms=452.5,
-    added_delay_ms=AddedDelay(p50=21.5, p95=30.25),
+    added_delay_ms=AddedDelay(
+        p50=21.5,
+        p95=30.25,
+        mean=22.0,
+        stages={"features": 9.0, "prepare": 2.5, "inference": 6.5, "compose": 4.0},
+    ),
     queued_audio_s=1.5,
     buffered=BufferedMedia(audio_chunks=26, frames=12, inbound_audio_ms=20.0),
     inbound_skipped_ms=140.0,

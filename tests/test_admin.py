@@ -459,7 +459,7 @@ async def test_sessions_are_listed_and_hung_up(tmp_path: Path, loopback: None) -
             assert session["state"] in {"connected", "streaming"}
             assert session["uptime_s"] > 0
             assert session["output_fps"] > 0  # frames went out between the two reads
-            assert set(session["added_delay_ms"]) == {"p50", "p95"}
+            assert set(session["added_delay_ms"]) == {"p50", "p95", "mean", "stages"}
             assert abs(session["av_offset_ms"]) <= 60  # within a frame or so
             assert session["bitrate_bps"] > 0  # our H.264 encoder is installed at once
             assert session["remote"] == "127.0.0.1"

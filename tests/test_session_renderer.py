@@ -158,8 +158,23 @@ async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
     assert rig.ready == [pytest.approx(0.150)]
     frame = await rig.renderer.frame_for(10)
     assert frame.shape == rig.idle_frame(10).shape
+
     assert not np.array_equal(frame, rig.idle_frame(10))  # the face is in it
     assert rig.stats.frames_dropped == {}
+
+
+async def test_a_frames_added_delay_is_split_into_stages_that_add_up(rig: Rig) -> None:
+    audio_complete = START + 10 / FPS + LOOKAHEAD_MS / 1000
+    rig.clock.now = audio_complete + 0.030  # its features reached the renderer 30 ms later
+    rig.submit(10)
+    await rig.model.submitted(1)  # prepared at once (the executor runs inline here)
+    rig.clock.now += 0.100  # the batch took 100 ms
+    rig.model.calls[0].future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)
+    added = rig.stats.added_delay()
+    assert added.stages == {"features": 30.0, "prepare": 0.0, "inference": 100.0, "compose": 0.0}
+    assert added.mean == pytest.approx(sum(added.stages.values()))
+    assert list(rig.stats.processing_ms) == [pytest.approx(130.0)]
 
 
 async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:

@@ -136,7 +136,8 @@ def test_snapshot_fields() -> None:
     for _ in range(3):
         report.stats.drop("late")
     report.stats.frames_inferred = 200
-    report.stats.processing_ms.extend([10.04, 20.0, 30.0])
+    for stages in ((1.0, 2.0, 5.04, 2.0), (2.0, 3.0, 10.0, 5.0), (3.0, 4.0, 20.0, 3.0)):
+        report.stats.record_frame(stages)  # 10.04, 20 and 30 ms
     wall.now += 12.34
     snap = _snapshot(report)
     assert snap == SessionSnapshot(
@@ -150,7 +151,12 @@ def test_snapshot_fields() -> None:
         frames_dropped={"late": 3},
         delay_ms=482.5,
         lookahead_ms=212.5,
-        added_delay_ms=AddedDelay(p50=20.0, p95=29.0),
+        added_delay_ms=AddedDelay(
+            p50=20.0,
+            p95=29.0,
+            mean=20.0,
+            stages={"features": 2.0, "prepare": 3.0, "inference": 11.7, "compose": 3.3},
+        ),
         queued_audio_s=1.23,
         buffered=BufferedMedia(audio_chunks=24, frames=9, inbound_audio_ms=20.0),
         inbound_skipped_ms=140.0,
@@ -168,5 +174,10 @@ def test_snapshot_before_media_and_without_audio() -> None:
     before = _snapshot(report, state="new", frames_sent=0, started_at=None, bitrate_bps=None)
     assert before.av_offset_ms is None
     assert before.output_fps == 0.0
-    assert before.added_delay_ms == AddedDelay(p50=0.0, p95=0.0)
+    assert before.added_delay_ms == AddedDelay(
+        p50=0.0,
+        p95=0.0,
+        mean=0.0,
+        stages={"features": 0.0, "prepare": 0.0, "inference": 0.0, "compose": 0.0},
+    )
     assert _snapshot(report, audio_next_index=None).av_offset_ms is None

@@ -164,6 +164,11 @@ async def test_say_audio_push_and_interrupt(
             return state["frames_inferred"] > 10 and state["queued_audio_s"] == 0
 
         await until(spoke_the_text, "the avatar to speak the whole text")
+        # Where the added delay went: the stages account for all of it (within a frame).
+        added = (await _state(client, sid))["added_delay_ms"]
+        assert set(added["stages"]) == {"features", "prepare", "inference", "compose"}
+        assert added["mean"] > 0
+        assert abs(sum(added["stages"].values()) - added["mean"]) <= 1000 / FPS
 
         phrase = "this is a long sentence that keeps on going and going for quite a good while"
         pcm, [(start, end)] = speech_with_pauses(tmp_path, (phrase,), 0.1)
@@ -327,18 +332,19 @@ async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
     await caller.connect(microphone=write_wav(tmp_path / "mic.wav", pcm, 16_000))
     try:
         await caller.wait_for_media(1.0)
-        before = await _state(client, caller.session_id)
-        assert before["inbound_skipped_ms"] == 0
+        # A loaded machine may have stalled already as the call started (and skipped that).
+        before = (await _state(client, caller.session_id))["inbound_skipped_ms"]
         # The stall: the event loop (server and caller alike) is held for 300 ms.
         asyncio.get_running_loop().call_soon(time.sleep, 0.3)
 
         async def drained() -> dict[str, Any] | None:
             state = await _state(client, caller.session_id)
-            skipped = state["inbound_skipped_ms"] > 0
+            skipped = state["inbound_skipped_ms"] > before
             return state if skipped and state["buffered"]["inbound_audio_ms"] <= 40 else None
 
         after = await until(drained, "the stall's backlog to be skipped")
-        assert after["inbound_skipped_ms"] <= 300 + 20, after  # the stall's worth, no more
         assert after["state"] == "streaming"
+        # About the stall's worth was skipped (more only if the loaded machine stalled again).
+        assert 0 < after["inbound_skipped_ms"] - before <= 1000, (before, after)
     finally:
         await caller.hang_up()

@@ -105,8 +105,10 @@ class FrameRenderer:
         send_at = self._schedule.due(index / self._fps)
         audio_complete = start + index / self._fps + self._lookahead_s
         pipeline = self._pipeline
+        begun = self._clock()
         try:
             prepared = await loop.run_in_executor(self._executor, pipeline.prepare, step)
+            prepared_at = self._clock()
             future = self._model.submit(
                 prepared.visual,  # type: ignore[arg-type]
                 item.features,
@@ -114,6 +116,7 @@ class FrameRenderer:
                 session_id=self._session_id,
             )
             face = await future
+            inferred_at = self._clock()
             frame = await loop.run_in_executor(self._executor, pipeline.compose, prepared, face)
         except InferenceError as exc:
             self._stats.drop(type(exc).__name__)
@@ -122,8 +125,16 @@ class FrameRenderer:
             self._stats.drop("late")
             return
         self._stats.frames_inferred += 1
-        delay_s = self._clock() - audio_complete
-        self._stats.processing_ms.append(delay_s * 1000)
+        composed_at = self._clock()
+        self._stats.record_frame(
+            (
+                (begun - audio_complete) * 1000,
+                (prepared_at - begun) * 1000,
+                (inferred_at - prepared_at) * 1000,
+                (composed_at - inferred_at) * 1000,
+            )
+        )
+        delay_s = composed_at - audio_complete
         if self._on_frame_ready is not None:
             self._on_frame_ready(delay_s)
 

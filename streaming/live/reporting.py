@@ -25,16 +25,42 @@ from streaming.webrtc.tracks import AUDIO_CHUNK_S
 Clock = Callable[[], float]
 
 
+#: Where a frame's added delay goes, in order (see :class:`~streaming.live.snapshot.AddedDelay`).
+STAGES = ("features", "prepare", "inference", "compose")
+_KEPT = 500  # frames whose delays are kept
+
+
 @dataclass
 class SessionStats:
     """Counters of one session (read by the admin API)."""
 
     frames_inferred: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
-    processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+    processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_KEPT))
+    stage_ms: dict[str, deque[float]] = field(
+        default_factory=lambda: {stage: deque(maxlen=_KEPT) for stage in STAGES}
+    )
 
     def drop(self, reason: str) -> None:
         self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
+
+    def record_frame(self, stages_ms: tuple[float, float, float, float]) -> None:
+        """A frame made it: its time in each of :data:`STAGES`, whose sum is its delay."""
+        for stage, ms in zip(STAGES, stages_ms, strict=True):
+            self.stage_ms[stage].append(ms)
+        self.processing_ms.append(sum(stages_ms))
+
+    def added_delay(self) -> AddedDelay:
+        """The added delay of the kept frames: p50, p95, mean and the mean per stage."""
+        p50, p95 = self.processing_percentiles()
+        stages = {s: float(np.mean(v)) if v else 0.0 for s, v in self.stage_ms.items()}
+        mean = float(np.mean(self.processing_ms)) if self.processing_ms else 0.0
+        return AddedDelay(
+            p50=round(p50, 1),
+            p95=round(p95, 1),
+            mean=round(mean, 1),
+            stages={s: round(ms, 1) for s, ms in stages.items()},
+        )
 
     def processing_percentiles(self) -> tuple[float, float]:
         """p50 and p95 of the time from a frame's audio being complete to it being ready."""
@@ -142,7 +168,6 @@ class SessionReport:
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
         media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
-        p50, p95 = self.stats.processing_percentiles()
         fps = self._output_rate.update(self._clock(), frames_sent, started_at)
         offset_ms = (
             None
@@ -160,7 +185,7 @@ class SessionReport:
             frames_dropped=dict(self.stats.frames_dropped),
             delay_ms=round(self.delay_s * 1000, 1),
             lookahead_ms=self.lookahead_ms,
-            added_delay_ms=AddedDelay(p50=round(p50, 1), p95=round(p95, 1)),
+            added_delay_ms=self.stats.added_delay(),
             queued_audio_s=round(queued_audio_s, 2),
             buffered=buffered,
             inbound_skipped_ms=round(inbound_skipped_ms, 1),

@@ -316,11 +316,12 @@ class Session:
                 "closing the peer connection failed: session=%s", self.session_id, exc_info=True
             )
         self.model.close()
-        p50, p95 = self.stats.processing_percentiles()
+        added = self.stats.added_delay()
         logger.info(
             "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
             "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
-            "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f",
+            "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f "
+            "added_delay_stages_ms=%s",
             self.session_id,
             self.avatar_id,
             reason,
@@ -331,8 +332,9 @@ class Session:
             self._mixer.inbound_skipped_ms,
             self.delay_s * 1000,
             self.lookahead_ms,
-            p50,
-            p95,
+            added.p50,
+            added.p95,
+            added.stages,
         )
         if self._on_closed is not None:
             self._on_closed(self)

@@ -18,10 +18,18 @@ from compositor.background_cache import CacheStats
 
 @dataclass(frozen=True)
 class AddedDelay:
-    """How long frames took after their audio was complete, over the last 500 frames."""
+    """How long frames took after their audio was complete, over the last 500 frames.
+
+    ``stages`` splits the mean by where the time went (the stages add up to ``mean``):
+    ``features`` (the tick that completes the frame's audio, its features, the hand-off
+    to the render task), ``prepare`` (crop and model input), ``inference`` (waiting for
+    a batch and running it) and ``compose`` (the face pasted into the frame).
+    """
 
     p50: float
     p95: float
+    mean: float
+    stages: dict[str, float]
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,12 @@ class AddedDelay(ResponseModel):
 
     p50: float
     p95: float
+    mean: float
+    stages: dict[str, float] = Field(
+        description="The mean split by stage (they add up to `mean`): `features` (the "
+        "audio tick, features and hand-off), `prepare`, `inference` (batch wait and run), "
+        "`compose`."
+    )
 
 
 class BufferedMedia(ResponseModel):
