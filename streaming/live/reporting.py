@@ -53,13 +53,15 @@ class SessionStats:
     def added_delay(self) -> AddedDelay:
         """The added delay of the kept frames: p50, p95, mean and the mean per stage."""
         p50, p95 = self.processing_percentiles()
-        stages = {s: float(np.mean(v)) if v else 0.0 for s, v in self.stage_ms.items()}
-        mean = float(np.mean(self.processing_ms)) if self.processing_ms else 0.0
+
+        def mean(values: deque[float]) -> float:
+            return round(float(np.mean(values)), 1) if values else 0.0
+
         return AddedDelay(
             p50=round(p50, 1),
             p95=round(p95, 1),
-            mean=round(mean, 1),
-            stages={s: round(ms, 1) for s, ms in stages.items()},
+            mean=mean(self.processing_ms),
+            stages={stage: mean(values) for stage, values in self.stage_ms.items()},
         )
 
     def processing_percentiles(self) -> tuple[float, float]:
