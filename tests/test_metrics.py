@@ -20,6 +20,7 @@ from inference_core.exceptions import ModelLoadError
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.scheduler import DeviceScheduler
+from streaming.live.reporting import STAGES
 from tests.live_calls import GENEROUS_MARGIN_MS, until
 from tests.packages import make_package
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
@@ -44,6 +45,7 @@ ALLOWED_LABELS = {
     "device": set(DEVICES),
     "reason": DROP_REASONS | {"capacity", "idle", "admin"},
     "event": {"started", "ended", "rejected", "failed"},
+    "stage": set(STAGES),
 }
 FAMILIES = {
     "counter": [
@@ -84,6 +86,7 @@ FAMILIES = {
         "lipstream_queue_wait_seconds",
         "lipstream_batch_inference_seconds",
         "lipstream_frame_delay_seconds",
+        "lipstream_frame_stage_seconds",
         "lipstream_model_load_seconds",
         "lipstream_inference_batch_size",
     ],
@@ -162,6 +165,12 @@ async def test_every_family_is_served_before_any_traffic(
     assert value(families, "lipstream_models_loaded") == 0
     assert value(families, "lipstream_sessions_live") == 0
     assert value(families, "lipstream_sessions_total", event="started") == 0
+    for stage in STAGES:  # every stage's series is there, at zero, before any frame
+        assert any(
+            s.name == "lipstream_frame_stage_seconds_count" and s.labels == {"stage": stage}
+            for s in families["lipstream_frame_stage_seconds"].samples
+        ), stage
+        assert value(families, "lipstream_frame_stage_seconds_count", stage=stage) == 0
 
 
 async def test_raw_frames_move_the_inference_counters_and_histograms(
@@ -237,8 +246,18 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
             live = await until(lip_synced_frames, "5 lip-synced frames composed")
         finally:
             await caller.hang_up()
-        assert value(live, "lipstream_frame_delay_seconds_count") >= 5
+        frames = value(live, "lipstream_frame_delay_seconds_count")
+        assert frames >= 5
         assert value(live, "lipstream_frame_delay_seconds_sum") > 0
+        # Every lip-synced frame is observed in every stage, and a frame's stages add up to
+        # its delay (the same timestamps, docs/architecture.md §8): the stage sums add up to
+        # the total's, to float rounding, far within one frame (40 ms) per frame.
+        for stage in STAGES:
+            assert value(live, "lipstream_frame_stage_seconds_count", stage=stage) == frames
+        assert value(live, "lipstream_frame_stage_seconds_sum", stage="inference") > 0
+        assert value(live, "lipstream_frame_stage_seconds_sum") == pytest.approx(
+            value(live, "lipstream_frame_delay_seconds_sum"), abs=1e-6 * frames
+        )
         assert value(live, "lipstream_sessions_live") == 1
         assert value(live, "lipstream_frames_served_total") > 0
         assert value(live, "lipstream_frames_inferred_total") > 0

@@ -282,6 +282,8 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
 
         state = (await check("GET", "/sessions/{session_id}", 200, path=session)).json()
         assert state["avatar"] == "alice"
+        assert answer["delay"]["server_ms"] == state["delay_ms"]  # one figure, two places
+        assert answer["delay"]["lookahead_ms"] == state["lookahead_ms"]
         assert state["state"] == "new"  # the answer was never applied: ICE cannot connect
 
         say = {"text": "hello", "voice": "en"}
@@ -370,7 +372,9 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
 
     avatars = (await check("GET", "/avatars", 200)).json()
     assert avatars == {"avatars": [{"id": "alice", "name": "test"}]}
-    assert (await check("GET", "/webrtc-config", 200)).json() == {"iceServers": []}
+    config = (await check("GET", "/webrtc-config", 200)).json()
+    assert config["iceServers"] == []
+    assert config["delay"]["server_ms"] > 0  # tests/test_delay_budget.py checks the figures
     tagged = _operations_tagged(check.document, "sessions")
     assert tagged - check.seen == set(), "operations this test did not exercise"
 

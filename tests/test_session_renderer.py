@@ -18,7 +18,7 @@ from inference_core.exceptions import DeadlineExceededError, QueueFullError
 from inference_core.features.stream import FrameAudio
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.renderer import COMPOSE_S, MAX_FRAMES_IN_FLIGHT, FrameRenderer
-from streaming.live.reporting import SessionStats
+from streaming.live.reporting import FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.webrtc.tracks import SessionClock
 from tests.packages import make_package
@@ -103,7 +103,7 @@ class Rig:
     stats: SessionStats
     frames: AvatarFrames
     clock: Clock
-    ready: list[float]
+    ready: list[FrameStages]
 
     def submit(self, index: int) -> None:
         count = len(self.frames)
@@ -124,7 +124,7 @@ def rig(package: AvatarPackage) -> Rig:
     stats = SessionStats()
     model = HandModel(package.manifest.adapter.input_size)
     clock = Clock(START)
-    ready: list[float] = []
+    ready: list[FrameStages] = []
     renderer = FrameRenderer(
         "session-1",
         model,  # type: ignore[arg-type]
@@ -155,7 +155,7 @@ async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
     assert not rig.renderer.in_flight
     assert rig.stats.frames_inferred == 1
     assert list(rig.stats.processing_ms) == [pytest.approx(150.0)]
-    assert rig.ready == [pytest.approx(0.150)]
+    assert [stages.total for stages in rig.ready] == [pytest.approx(0.150)]
     frame = await rig.renderer.frame_for(10)
     assert frame.shape == rig.idle_frame(10).shape
 
@@ -175,6 +175,9 @@ async def test_a_frames_added_delay_is_split_into_stages_that_add_up(rig: Rig) -
     assert added.stages == {"features": 30.0, "prepare": 0.0, "inference": 100.0, "compose": 0.0}
     assert added.mean == pytest.approx(sum(added.stages.values()))
     assert list(rig.stats.processing_ms) == [pytest.approx(130.0)]
+    # The hook (what /metrics observes) hears the same split, in seconds.
+    assert rig.ready == [pytest.approx(FrameStages(0.030, 0.0, 0.100, 0.0))]
+    assert rig.ready[0].total == pytest.approx(0.130)
 
 
 async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:

@@ -6,11 +6,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from config.settings import Settings
 from streaming.live.reporting import (
+    FrameStages,
     RecentRate,
     SessionReport,
     SessionStats,
     av_offset_ms,
+    delay_budget,
     sends_track,
 )
 from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
@@ -29,6 +32,19 @@ def test_drops_are_counted_by_reason() -> None:
     for reason in ("late", "overload", "late", "DeadlineExceededError"):
         stats.drop(reason)
     assert stats.frames_dropped == {"late": 2, "overload": 1, "DeadlineExceededError": 1}
+
+
+def test_the_delay_budget_is_lookahead_plus_a_tick_plus_the_margin() -> None:
+    budget = delay_budget(Settings())
+    assert (budget.lookahead_ms, budget.tick_ms, budget.margin_ms) == (452.5, 20.0, 60.0)
+    assert budget.server_ms == 532.5  # docs/architecture.md §8
+    low, high = budget.browser_extra_ms
+    assert 0 < low < high
+    shorter = Settings.model_validate(
+        {"audio": {"right_context": 5}, "session": {"pipeline_margin_ms": 45}}
+    )
+    assert delay_budget(shorter).server_ms == 452.5 - 2 * 40 + 20 + 45
+    assert delay_budget(Settings(), kind="mel").lookahead_ms == 212.5  # Wav2Lip's features
 
 
 def test_processing_percentiles_over_the_last_500_frames() -> None:
@@ -136,8 +152,8 @@ def test_snapshot_fields() -> None:
     for _ in range(3):
         report.stats.drop("late")
     report.stats.frames_inferred = 200
-    for stages in ((1.0, 2.0, 5.04, 2.0), (2.0, 3.0, 10.0, 5.0), (3.0, 4.0, 20.0, 3.0)):
-        report.stats.record_frame(stages)  # 10.04, 20 and 30 ms
+    for ms in ((1.0, 2.0, 5.04, 2.0), (2.0, 3.0, 10.0, 5.0), (3.0, 4.0, 20.0, 3.0)):
+        report.stats.record_frame(FrameStages(*(t / 1000 for t in ms)))  # 10.04, 20 and 30 ms
     wall.now += 12.34
     snap = _snapshot(report)
     assert snap == SessionSnapshot(

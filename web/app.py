@@ -20,6 +20,7 @@ from inference_core.assets.builtin import avatar_locator
 from inference_core.serving.core import InferenceCore
 from streaming.audio_in.tts import build_tts_engine
 from streaming.live.manager import SessionManager
+from streaming.live.reporting import delay_budget
 from streaming.webrtc.compat import loopback_only_ice, report_missing_internals
 from web.admin import add_admin_routes
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
@@ -103,11 +104,37 @@ async def _serve(settings: Settings) -> None:
         try:
             await web.TCPSite(runner, server.host, server.port).start()
             logger.info("serving on http://%s:%d", server.host, server.port)
+            _log_delay(settings)
             await signals.wait()
             await _drain(app, server.drain_timeout_s, signals)
         finally:
             await runner.cleanup()
     logger.info("server stopped")
+
+
+def _log_delay(settings: Settings) -> None:
+    """State the delay a caller hears: what the server adds, and what a browser adds on top.
+
+    The configured figure alone reads as mic → heard, which it is not: it starts once the
+    audio is on the session's timeline (``docs/architecture.md`` §8).
+    """
+    budget = delay_budget(settings)
+    low, high = budget.browser_extra_ms
+    logger.info(
+        "delay: the server adds server_ms=%.1f (lookahead_ms=%.1f + tick_ms=%.0f + "
+        "pipeline_margin_ms=%.1f, for a 25 fps avatar with unet_328's audio features; each "
+        "session logs its own); a browser caller typically measures mic to heard %.0f-%.0f ms: "
+        "its capture, jitter buffer and decoder and the server's inbound slack add %.0f-%.0f ms "
+        "(headless Chromium on loopback, docs/benchmarks.md §7)",
+        budget.server_ms,
+        budget.lookahead_ms,
+        budget.tick_ms,
+        budget.margin_ms,
+        budget.server_ms + low,
+        budget.server_ms + high,
+        low,
+        high,
+    )
 
 
 async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSignals) -> None:

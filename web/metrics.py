@@ -6,15 +6,15 @@ Two sources, two :class:`~prometheus_client.CollectorRegistry` (no global regist
   registry, sessions, background cache) from the core's and the session manager's
   snapshots, taken per scrape (a registry made for that scrape), so nothing is counted
   twice and nothing but snapshots is read.
-* :class:`MetricsEvents` (in the app's registry, ``app[METRICS]``) observes durations
-  as they happen. It implements
-  :class:`~inference_core.serving.events.CoreEvents` (batches run, models loaded) and the
-  sessions' ``on_frame_ready`` hook, so neither the core nor the sessions import
-  prometheus.
+* :class:`MetricsEvents` (in the app's registry, ``app[METRICS]``) observes durations as
+  they happen: it implements :class:`~inference_core.serving.events.CoreEvents` (batches
+  run, models loaded) and the sessions' ``on_frame_ready`` hook, so neither the core nor
+  the sessions import prometheus.
 
-Labels are bounded: device names and fixed reason sets only. Session ids and model ids
-are never labels (1,200 models would be 1,200 series per metric); per-model figures are
-in the admin JSON API.
+Labels are bounded: device names, fixed reasons and the four frame stages only (a frame's
+stages add up to its delay, so their ``_sum`` add up to the total's; ``docs/architecture.md``
+§8). Session ids and model ids are never labels (1,200 models would be 1,200 series per
+metric); per-model figures are in the admin JSON API.
 
 ==========================================  =========  ===========  ====================
 metric                                      type       labels       source
@@ -25,6 +25,7 @@ lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
 lipstream_frames_dropped_total              counter    reason       sessions
 lipstream_frame_delay_seconds               histogram               on_frame_ready
+lipstream_frame_stage_seconds               histogram  stage        on_frame_ready
 lipstream_queue_depth                       gauge      device       scheduler
 lipstream_queue_capacity                    gauge      device       scheduler
 lipstream_frames_in_flight                  gauge      device       scheduler
@@ -59,9 +60,9 @@ lipstream_background_cache_evictions_total  counter                 cache
 
 ``lipstream_frames_dropped_total`` counts live-session frames by why they were not shown
 (``deadline``, ``queue_full``, ``shutting_down``, ``overload``, ``late``, ``not_ready``,
-``error``); ``lipstream_device_frames_dropped_total`` counts every frame a device
-scheduler accepted but did not run (``deadline``, ``shutting_down``,
-``model_unloaded``) or refused (``queue_full``), raw API frames included.
+``error``); ``lipstream_device_frames_dropped_total`` counts every frame a device scheduler
+accepted but did not run (``deadline``, ``shutting_down``, ``model_unloaded``) or refused
+(``queue_full``), raw API frames included.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from inference_core.serving.snapshot import CoreSnapshot
+from streaming.live.reporting import STAGES, FrameStages
 from streaming.live.snapshot import SessionsSnapshot
 from web.app_keys import CORE, METRICS, SESSIONS
 
@@ -136,6 +138,14 @@ class MetricsEvents:
             buckets=_FRAME_DELAY_BUCKETS,
             registry=registry,
         )
+        self.frame_stage = Histogram(
+            "lipstream_frame_stage_seconds",
+            "Live sessions: the frame delay by stage; a frame's stages add up to its delay.",
+            ["stage"],
+            buckets=(0.001, 0.002, 0.005, *_FRAME_DELAY_BUCKETS),  # a stage may take < 1 ms
+            registry=registry,
+        )
+        self._stage_series = [self.frame_stage.labels(stage) for stage in STAGES]  # created at 0
         self.model_load = Histogram(
             "lipstream_model_load_seconds",
             "Time to open and warm up a model on a device.",
@@ -175,8 +185,10 @@ class MetricsEvents:
     def model_load_failed(self) -> None:
         self.model_load_failures.inc()
 
-    def frame_ready(self, delay_s: float) -> None:
-        self.frame_delay.observe(delay_s)
+    def frame_ready(self, stages: FrameStages) -> None:
+        self.frame_delay.observe(stages.total)
+        for series, seconds in zip(self._stage_series, stages, strict=True):
+            series.observe(seconds)
 
 
 class SnapshotCollector(Collector):
@@ -355,8 +367,7 @@ def _cumulative(batch_sizes: dict[int, int]) -> list[tuple[str, float]]:
 
 
 def add_metrics_routes(app: web.Application) -> None:
-    """Serve ``GET /metrics``: histograms from a registry owned by ``app`` (``app[METRICS]``)
-    and the server's counters from snapshots taken per scrape.
+    """Serve ``GET /metrics``: ``app[METRICS]``'s histograms, counters from per-scrape snapshots.
 
     The histograms are hooked up on start-up, once the inference core and the session
     manager exist. Models loaded before that (``preload: true``) are counted then.

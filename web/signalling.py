@@ -7,7 +7,7 @@ POST   /sessions/{id}/audio         WAV / any container / raw PCM → spoken by 
 POST   /sessions/{id}/say           {"text", "voice"?} → text-to-speech → spoken
 POST   /sessions/{id}/interrupt     drop queued audio; the avatar goes idle
 GET    /avatars                     the avatars a client can pick
-GET    /webrtc-config               ICE servers for the browser
+GET    /webrtc-config               ICE servers for the browser, and the configured delay
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from aiohttp import web
 from streaming.audio_in.push import AudioLimits, decode_pushed_audio
 from streaming.audio_in.tts import check_text
 from streaming.exceptions import SessionLimitError
+from streaming.live.reporting import delay_budget
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
@@ -30,6 +31,7 @@ from web.schemas import (
     Answer,
     Avatar,
     Avatars,
+    DelayBudget,
     HungUp,
     IceServer,
     Interrupted,
@@ -63,7 +65,8 @@ async def offer(request: web.Request) -> web.Response:
     info = check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
     session = await request.app[SESSIONS].create(body.sdp, info, avatar, request.remote)
     sdp = session.pc.localDescription.sdp
-    answer = Answer(sdp=sdp, type="answer", session_id=session.session_id)
+    delay = DelayBudget.of(session.delay_budget)
+    answer = Answer(sdp=sdp, type="answer", session_id=session.session_id, delay=delay)
     return web.json_response(answer.dump())
 
 
@@ -138,16 +141,20 @@ async def avatars(request: web.Request) -> web.Response:
 
 
 async def webrtc_config(request: web.Request) -> web.Response:
-    """The ICE servers browsers should use (credentials included: they are for clients)."""
+    """The ICE servers browsers should use (credentials included: they are for clients),
+    and the delay the server adds, stated before a caller picks an avatar
+    (``docs/architecture.md`` §8)."""
+    settings = request.app[SETTINGS]
     servers = [
         IceServer(
             urls=list(server.urls),
             username=server.username,
             credential=None if server.credential is None else server.credential.get_secret_value(),
         )
-        for server in request.app[SETTINGS].server.ice_servers
+        for server in settings.server.ice_servers
     ]
-    return web.json_response(WebRtcConfig(ice_servers=servers).dump())
+    config = WebRtcConfig(ice_servers=servers, delay=DelayBudget.of(delay_budget(settings)))
+    return web.json_response(config.dump())
 
 
 def add_routes(app: web.Application) -> None:

@@ -24,6 +24,7 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
+from streaming.live.reporting import FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
@@ -80,7 +81,7 @@ class SessionManager:
         settings: Settings,
         core: InferenceCore,
         *,
-        on_frame_ready: Callable[[float], None] | None = None,
+        on_frame_ready: Callable[[FrameStages], None] | None = None,
     ) -> None:
         self.settings = settings
         self.core = core

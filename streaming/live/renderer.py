@@ -30,7 +30,7 @@ from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
 from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline
-from streaming.live.reporting import SessionStats
+from streaming.live.reporting import FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.webrtc.tracks import SessionClock
 
@@ -42,9 +42,10 @@ COMPOSE_S = 0.008
 class FrameRenderer:
     """Runs one session's render tasks and is its video track's frame source.
 
-    ``on_frame_ready(delay_s)`` is called for every composed frame kept for its slot, with
-    the time from its audio being complete to it being composed (on ``clock``, the
-    monotonic clock the session clock also uses).
+    ``on_frame_ready(stages)`` is called for every composed frame kept for its slot, with
+    the time from its audio being complete to it being composed, split by stage
+    (:class:`~streaming.live.reporting.FrameStages`, on ``clock``, the monotonic clock the
+    session clock also uses).
     """
 
     def __init__(
@@ -59,7 +60,7 @@ class FrameRenderer:
         *,
         fps: int,
         lookahead_ms: float,
-        on_frame_ready: Callable[[float], None] | None = None,
+        on_frame_ready: Callable[[FrameStages], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session_id = session_id
@@ -126,17 +127,15 @@ class FrameRenderer:
             return
         self._stats.frames_inferred += 1
         composed_at = self._clock()
-        self._stats.record_frame(
-            (
-                (begun - audio_complete) * 1000,
-                (prepared_at - begun) * 1000,
-                (inferred_at - prepared_at) * 1000,
-                (composed_at - inferred_at) * 1000,
-            )
+        stages = FrameStages(
+            features=begun - audio_complete,
+            prepare=prepared_at - begun,
+            inference=inferred_at - prepared_at,
+            compose=composed_at - inferred_at,
         )
-        delay_s = composed_at - audio_complete
+        self._stats.record_frame(stages)
         if self._on_frame_ready is not None:
-            self._on_frame_ready(delay_s)
+            self._on_frame_ready(stages)
 
     async def frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""

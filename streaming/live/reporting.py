@@ -6,6 +6,10 @@ them and the live values the session hands in into a
 :class:`~streaming.live.snapshot.SessionSnapshot`, the one view the admin API, ``/metrics``
 and ``/ready`` read (``docs/architecture.md`` §13). Rates are sampled when a snapshot is
 taken, so the hot path pays nothing for them.
+
+:func:`delay_budget` is the one place the configured delay is computed from the settings
+(§8): the session sends at it, and the start-up log, ``GET /webrtc-config`` and the
+``/offer`` answer state it, with what a browser adds on top.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCPeerConnection
 
+from config.settings import Settings
+from inference_core.features.stream import FeatureKind, lookahead_ms
 from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
 from streaming.webrtc.compat import sender_encoder
 from streaming.webrtc.tracks import AUDIO_CHUNK_S
@@ -25,9 +32,78 @@ from streaming.webrtc.tracks import AUDIO_CHUNK_S
 Clock = Callable[[], float]
 
 
+class FrameStages(NamedTuple):
+    """Where one frame's added delay went, in seconds, stage by stage in pipeline order.
+
+    Taken from the same timestamps, so the stages add up to :attr:`total`, the time from
+    the frame's audio being complete to the frame being ready (``docs/architecture.md``
+    §8; the stages are those of :class:`~streaming.live.snapshot.AddedDelay`). One value
+    for the session's counters and the ``on_frame_ready`` hook, so they cannot disagree.
+    """
+
+    features: float
+    prepare: float
+    inference: float
+    compose: float
+
+    @property
+    def total(self) -> float:
+        """The frame's added delay: its stages together."""
+        return self.features + self.prepare + self.inference + self.compose
+
+
 #: Where a frame's added delay goes, in order (see :class:`~streaming.live.snapshot.AddedDelay`).
-STAGES = ("features", "prepare", "inference", "compose")
+STAGES: tuple[str, ...] = FrameStages._fields
 _KEPT = 500  # frames whose delays are kept
+
+#: What a caller adds to :attr:`DelayBudget.server_ms`, typically. Mic → heard measured in
+#: headless Chromium on loopback (``docs/benchmarks.md`` §7): per-run medians 57–89 ms
+#: above the configured delay, 67 ms over all runs (per-run p95 up to 129 ms). It is the
+#: browser's capture, Opus packetisation and send, its jitter buffer and decoder, and the
+#: server's inbound slack (at most 40 ms, ``docs/architecture.md`` §2). A real network
+#: adds its own one-way delay and jitter on top.
+BROWSER_EXTRA_MS_TYPICAL = (60.0, 80.0)
+
+
+@dataclass(frozen=True)
+class DelayBudget:
+    """The delay a live session adds between a caller's audio and its frame and sound.
+
+    Every frame and audio chunk goes out :attr:`server_ms` after its audio time: the
+    model's lookahead, one timeline tick (the 20 ms chunk that completes the audio), and
+    ``session.pipeline_margin_ms`` for features, inference and compositing
+    (``docs/architecture.md`` §8). It starts once the caller's audio is on the session's
+    timeline, so what a caller measures mic → heard is this plus its own path
+    (:data:`BROWSER_EXTRA_MS_TYPICAL`).
+    """
+
+    lookahead_ms: float
+    tick_ms: float
+    margin_ms: float
+
+    @property
+    def server_ms(self) -> float:
+        """The configured delay (``Session.delay_s`` in ms)."""
+        return self.lookahead_ms + self.tick_ms + self.margin_ms
+
+    @property
+    def browser_extra_ms(self) -> tuple[float, float]:
+        """What a browser caller typically adds on top of :attr:`server_ms` (low, high)."""
+        return BROWSER_EXTRA_MS_TYPICAL
+
+
+def delay_budget(settings: Settings, *, fps: int = 25, kind: FeatureKind = "ave") -> DelayBudget:
+    """The configured delay for an avatar at ``fps`` whose model takes ``kind`` features.
+
+    The lookahead is the model's (``audio.right_context``, the avatar's fps and feature
+    kind); the defaults are those of ``unet_328`` and the demo avatar, the figure stated
+    before any avatar is chosen.
+    """
+    return DelayBudget(
+        lookahead_ms=lookahead_ms(settings.audio.right_context, fps, kind=kind),
+        tick_ms=AUDIO_CHUNK_S * 1000,
+        margin_ms=settings.session.pipeline_margin_ms,
+    )
 
 
 @dataclass
@@ -44,11 +120,11 @@ class SessionStats:
     def drop(self, reason: str) -> None:
         self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
 
-    def record_frame(self, stages_ms: tuple[float, float, float, float]) -> None:
+    def record_frame(self, stages: FrameStages) -> None:
         """A frame made it: its time in each of :data:`STAGES`, whose sum is its delay."""
-        for stage, ms in zip(STAGES, stages_ms, strict=True):
-            self.stage_ms[stage].append(ms)
-        self.processing_ms.append(sum(stages_ms))
+        for stage, seconds in zip(STAGES, stages, strict=True):
+            self.stage_ms[stage].append(seconds * 1000)
+        self.processing_ms.append(stages.total * 1000)
 
     def added_delay(self) -> AddedDelay:
         """The added delay of the kept frames: p50, p95, mean and the mean per stage."""

@@ -37,13 +37,19 @@ from compositor.background_cache import AvatarFrames
 from compositor.sequencer import FrameSequencer
 from config.settings import Settings
 from inference_core.features.encoder import AudioEncoder
-from inference_core.features.stream import AudioFeatureStream, lookahead_ms
+from inference_core.features.stream import AudioFeatureStream
 from inference_core.serving.handle import ModelHandle
 from streaming.audio_in.resample import resample_mono
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer
-from streaming.live.reporting import SessionReport, sends_track, target_bitrate_bps
+from streaming.live.reporting import (
+    FrameStages,
+    SessionReport,
+    delay_budget,
+    sends_track,
+    target_bitrate_bps,
+)
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.snapshot import BufferedMedia, SessionSnapshot
 from streaming.live.timeline import FEATURE_RATE, AudioTimeline
@@ -56,7 +62,6 @@ from streaming.live.watchdogs import (
 )
 from streaming.webrtc.compat import close_peer_connection
 from streaming.webrtc.tracks import (
-    AUDIO_CHUNK_S,
     OUT_RATE,
     AvatarAudioTrack,
     AvatarVideoTrack,
@@ -71,8 +76,9 @@ logger = logging.getLogger(__name__)
 class Session:
     """Owns a peer connection, its tracks and tasks, and a held model.
 
-    ``on_closed`` is called once the session ended; ``on_frame_ready(delay_s)`` for every
-    inferred frame, with the time from its audio being complete to it being composed.
+    ``on_closed`` is called once the session ended; ``on_frame_ready(stages)`` for every
+    inferred frame, with the time from its audio being complete to it being composed,
+    split by stage (:class:`~streaming.live.reporting.FrameStages`).
     """
 
     def __init__(
@@ -87,7 +93,7 @@ class Session:
         *,
         remote: str | None = None,
         on_closed: Callable[[Session], None] | None = None,
-        on_frame_ready: Callable[[float], None] | None = None,
+        on_frame_ready: Callable[[FrameStages], None] | None = None,
     ) -> None:
         package = model.package
         spec = package.manifest.adapter
@@ -99,11 +105,9 @@ class Session:
         self.frames = frames
         self.settings = settings
         self.fps = package.manifest.fps
-        self.lookahead_ms = lookahead_ms(
-            settings.audio.right_context, self.fps, kind=spec.audio_feature
-        )
-        delay_ms = self.lookahead_ms + AUDIO_CHUNK_S * 1000 + settings.session.pipeline_margin_ms
-        self.delay_s = delay_ms / 1000
+        self.delay_budget = delay_budget(settings, fps=self.fps, kind=spec.audio_feature)
+        self.lookahead_ms = self.delay_budget.lookahead_ms
+        self.delay_s = self.delay_budget.server_ms / 1000
         self.state = "new"
         self.end_reason: str | None = None
         self._report = SessionReport(

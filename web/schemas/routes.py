@@ -39,7 +39,7 @@ SESSION_OPERATIONS = (
         "/offer",
         "sessions",
         "Answer a WebRTC offer: start a session with an avatar",
-        (Reply(200, "The SDP answer; apply it to start media.", Answer),),
+        (Reply(200, "The SDP answer (apply it to start media) and the session's delay.", Answer),),
         description="Send the offer once ICE gathering is complete (the server does not "
         "trickle). Offer video (`recvonly`); audio is optional. The session starts once "
         "ICE connects and ends if it does not within `session.ice_timeout_s`.",
@@ -137,7 +137,7 @@ SESSION_OPERATIONS = (
         "get",
         "/webrtc-config",
         "sessions",
-        "ICE servers for the client's peer connection",
+        "ICE servers for the client's peer connection, and the delay the server adds",
         (Reply(200, "Credentials included: they are meant for clients.", WebRtcConfig),),
     ),
 )

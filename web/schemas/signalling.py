@@ -14,6 +14,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from inference_core.avatars.package import AVATAR_ID_PATTERN
 from streaming.audio_in.tts import VOICE_PATTERN
+from streaming.live import reporting
 from web.schemas.base import (
     AvatarId,
     Count,
@@ -86,10 +87,63 @@ class AudioQuery(RequestModel):
 # --- responses -------------------------------------------------------------------------
 
 
+class DelayBudget(ResponseModel):
+    """The delay the server adds between a caller's audio and the frame and sound sent back.
+
+    A caller measuring microphone → heard sees `server_ms` plus its own path:
+    `browser_extra_ms_low`–`browser_extra_ms_high` is what that added in headless
+    Chromium on loopback (docs/benchmarks.md §7). A real network adds its one-way delay
+    and jitter on top.
+    """
+
+    server_ms: NonNegative = Field(
+        description="What the server adds, as configured: every frame and its audio go out "
+        "this long after the audio reached the session's timeline; "
+        "`lookahead_ms + tick_ms + margin_ms`."
+    )
+    lookahead_ms: NonNegative = Field(
+        description="The model's: audio a frame needs after its own time "
+        "(`audio.right_context`, the avatar's fps and audio features)."
+    )
+    tick_ms: NonNegative = Field(
+        description="One audio chunk of the session timeline: the one that completes a "
+        "frame's audio."
+    )
+    margin_ms: NonNegative = Field(
+        description="`session.pipeline_margin_ms`: time for the features, the batched "
+        "inference and the compositing."
+    )
+    browser_extra_ms_low: NonNegative = Field(
+        description="What a browser caller typically measures on top of `server_ms`, low "
+        "end: its capture and send path, its jitter buffer and decoder, and the server's "
+        "inbound slack."
+    )
+    browser_extra_ms_high: NonNegative = Field(
+        description="The same, high end (a slower or busier machine adds more)."
+    )
+
+    @classmethod
+    def of(cls, budget: reporting.DelayBudget) -> DelayBudget:
+        """The figures of ``budget``, rounded to 0.1 ms."""
+        low, high = budget.browser_extra_ms
+        return cls(
+            server_ms=round(budget.server_ms, 1),
+            lookahead_ms=round(budget.lookahead_ms, 1),
+            tick_ms=round(budget.tick_ms, 1),
+            margin_ms=round(budget.margin_ms, 1),
+            browser_extra_ms_low=low,
+            browser_extra_ms_high=high,
+        )
+
+
 class Answer(ResponseModel):
     sdp: str = Field(description="The server's SDP answer.")
     type: Literal["answer"]
     session_id: SessionId
+    delay: DelayBudget = Field(
+        description="This session's delay, with its avatar's lookahead; `delay_ms` in "
+        "`GET /sessions/{id}` is its `server_ms`."
+    )
 
 
 class AddedDelay(ResponseModel):
@@ -131,9 +185,12 @@ class SessionState(ResponseModel):
         "`overload`, `not_ready`, or an error's name)."
     )
     delay_ms: float = Field(
-        description="Lookahead + one audio tick + `session.pipeline_margin_ms`."
+        description="What the server adds, as configured: lookahead + one audio tick + "
+        "`session.pipeline_margin_ms` (the `/offer` answer's `delay.server_ms`). A caller "
+        "measuring microphone → heard sees this plus its own browser's buffers (the "
+        "answer's `delay.browser_extra_ms_low`–`_high`)."
     )
-    lookahead_ms: float
+    lookahead_ms: float = Field(description="The model's part of `delay_ms`.")
     added_delay_ms: AddedDelay
     queued_audio_s: NonNegative
     buffered: BufferedMedia
@@ -190,6 +247,10 @@ class WebRtcConfig(ResponseModel):
     ice_servers: list[IceServer] = Field(
         serialization_alias="iceServers",
         description="`server.ice_servers`, ready for `new RTCPeerConnection()`.",
+    )
+    delay: DelayBudget = Field(
+        description="The configured delay for a 25 fps avatar with `ave` audio features "
+        "(unet_328, as the demo avatar); each session's own is in its `/offer` answer."
     )
 
     def dump(self) -> dict[str, Any]:
