@@ -37,6 +37,12 @@ class InlineExecutor(Executor):
         future.set_result(fn(*args, **kwargs))
         return future
 
+    def run(self, fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
+        """The :class:`~streaming.live.workers.Offload` path: the same job, inline."""
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(self.submit(fn, *args).result())
+        return done
+
 
 @dataclass
 class Call:

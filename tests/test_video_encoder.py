@@ -454,3 +454,94 @@ async def test_install_encoder_leaves_a_vp8_sender_alone() -> None:
         assert sender_encoder(sender) is None
     finally:
         await server.close()
+
+
+# --- frames encoded off the loop, handed to aiortc as packets --------------------------
+
+
+def test_an_encoded_packet_carries_the_payloads_and_time_aiortc_sends() -> None:
+    enc = encoder(VideoSettings(keyframe_interval_s=10.0))
+    decoder = av.CodecContext.create("h264", "r")
+    kinds: list[bool] = []
+    for i in range(6):
+        if i == 4:
+            enc.request_keyframe()  # what a PLI does, through forward_keyframe_requests
+        packet = enc.encode_packet(video_frame(i))
+        payloads, timestamp = enc.pack(packet)
+        assert timestamp == i * 3600  # the frame's pts, on the RTP clock
+        assert payloads
+        assert all(len(p) <= 1300 for p in payloads)  # RTP-sized
+        au = access_unit(payloads)
+        kinds.append(NAL_IDR in nal_types(au))
+        [decoded] = decoder.decode(av.Packet(au))
+        assert (decoded.width, decoded.height) == (WIDTH, HEIGHT)
+    assert kinds == [True, False, False, False, True, False]  # the request was one IDR
+
+
+def test_pack_still_packetises_a_plain_h264_packet() -> None:
+    enc = encoder()
+    au = access_unit(enc.encode(video_frame(0))[0])
+    packet = av.Packet(au)
+    packet.pts, packet.time_base = 7200, RTP_TIME_BASE
+    payloads, timestamp = enc.pack(packet)
+    assert timestamp == 7200
+    assert access_unit(payloads) == au
+
+
+class EncodedTrack(VideoStreamTrack):
+    """Hands aiortc frames already encoded by the sender's own encoder, as sessions do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder: LipstreamH264Encoder | None = None
+        self.keyframes: list[int] = []
+        self.keyframe_sent = asyncio.Event()
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        pts, _ = await self.next_timestamp()
+        assert self.encoder is not None, "install the encoder before media flows"
+        i = pts // 3000
+        frame = av.VideoFrame.from_ndarray(pattern(i), format="yuv420p")
+        frame.pts, frame.time_base = i * 3600, RTP_TIME_BASE
+        packet = await asyncio.to_thread(self.encoder.encode_packet, frame)
+        if NAL_IDR in nal_types(access_unit(packet.opaque)):
+            self.keyframes.append(i)
+            self.keyframe_sent.set()
+        return packet
+
+
+@pytest.mark.usefixtures("loopback")
+async def test_aiortc_sends_packets_we_encoded_and_a_pli_reaches_our_encoder() -> None:
+    server, client = peer(), peer()
+    try:
+        received: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
+        client.on("track", received.set_result)
+        client.addTransceiver("video", direction="recvonly")
+        await client.setLocalDescription(await client.createOffer())
+        track = EncodedTrack()
+        sender = server.addTrack(track)
+        transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
+        assert prefer_h264(transceiver)
+        await server.setRemoteDescription(client.localDescription)
+        await server.setLocalDescription(await server.createAnswer())
+        codec = negotiated_codec(transceiver)
+        assert codec is not None
+        track.encoder = encoder(VideoSettings(preset="ultrafast", keyframe_interval_s=10.0))
+        assert install_encoder(sender, track.encoder, codec)
+        await client.setRemoteDescription(server.localDescription)
+
+        remote = await asyncio.wait_for(received, TIMEOUT_S)
+        frames = [await asyncio.wait_for(remote.recv(), TIMEOUT_S) for _ in range(5)]
+        assert all(
+            isinstance(f, av.VideoFrame) and (f.width, f.height) == (WIDTH, HEIGHT) for f in frames
+        )
+        assert len(track.keyframes) == 1  # the stream's first frame only
+        track.keyframe_sent.clear()
+        # aiortc reacts to a PLI or FIR from the caller with this; our encoder hears it too.
+        sender._send_keyframe()
+        await asyncio.wait_for(track.keyframe_sent.wait(), TIMEOUT_S)
+        assert len(track.keyframes) == 2
+        await asyncio.wait_for(remote.recv(), TIMEOUT_S)  # still decodes after the IDR
+    finally:
+        await client.close()
+        await server.close()

@@ -15,6 +15,7 @@ from streaming.webrtc import compat
 from streaming.webrtc.compat import (
     INTERNALS,
     TESTED_VERSIONS,
+    forward_keyframe_requests,
     install_sender_encoder,
     installed_versions,
     missing_internals,
@@ -74,3 +75,16 @@ def test_no_other_module_touches_aiortc_or_aioice_internals() -> None:
                 if pattern.search(line) and not line.lstrip().startswith("#"):
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "use streaming.webrtc.compat instead:\n" + "\n".join(offenders)
+
+
+async def test_a_keyframe_request_reaches_aiortc_and_our_encoder() -> None:
+    pc = RTCPeerConnection()
+    try:
+        sender = pc.addTransceiver("video").sender
+        heard: list[str] = []
+        forward_keyframe_requests(sender, lambda: heard.append("ours"))
+        sender._send_keyframe()  # what aiortc runs on a PLI or FIR
+        assert heard == ["ours"]
+        assert sender._RTCRtpSender__force_keyframe  # aiortc's own flag, still set
+    finally:
+        await pc.close()

@@ -12,7 +12,6 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -27,6 +26,7 @@ from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.reporting import FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
+from streaming.live.workers import MediaWorkers
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import install_audio_receive_buffer
 from streaming.webrtc.offer_check import OfferInfo
@@ -93,9 +93,7 @@ class SessionManager:
         # cost ≈10% more CPU per frame with 3 live 720p calls on 2 cores (12.4 and
         # 11.2 vs 13.1 and 13.0 ms per frame, two runs each).
         self.compose_threads = usable_cpus()
-        self.executor = ThreadPoolExecutor(
-            max_workers=self.compose_threads, thread_name_prefix="lipstream-compose"
-        )
+        self.executor = MediaWorkers(self.compose_threads)
         self._sessions: dict[str, Session] = {}
         self._empty = asyncio.Event()  # set while no session is live
         self._empty.set()
@@ -240,7 +238,8 @@ class SessionManager:
             if negotiated is not None:
                 w, h = package.manifest.frame_size
                 encoder = self.encoders.create(w, h, package.manifest.fps)
-                install_encoder(video_sender, encoder, negotiated)
+                if install_encoder(video_sender, encoder, negotiated):
+                    session.encode_video_with(encoder)
             session.preload_frames()
             session.watch_connection(self.settings.session.ice_timeout_s)
             session.watch_idle(self.settings.session.idle_timeout_s)

@@ -21,8 +21,9 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Executor
+from typing import Any
 
+import av
 import numpy as np
 
 from compositor.sequencer import FrameStep, bounce_index
@@ -32,7 +33,9 @@ from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.reporting import FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
-from streaming.webrtc.tracks import SessionClock
+from streaming.live.workers import Offload
+from streaming.webrtc.tracks import SessionClock, video_frame
+from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 MAX_FRAMES_IN_FLIGHT = 8
 # Leave the compositing a little time before the frame is sent.
@@ -53,7 +56,7 @@ class FrameRenderer:
         session_id: str,
         model: ModelHandle,
         pipeline: FramePipeline,
-        executor: Executor,
+        executor: Offload,
         schedule: SessionClock,
         buffers: SendBuffers,
         stats: SessionStats,
@@ -100,7 +103,6 @@ class FrameRenderer:
 
     async def _render(self, step: FrameStep, item: FrameAudio) -> None:
         """Prepare, infer (with the frame's deadline) and compose one frame."""
-        loop = asyncio.get_running_loop()
         index = item.index
         start = self._schedule.started()
         send_at = self._schedule.due(index / self._fps)
@@ -108,7 +110,7 @@ class FrameRenderer:
         pipeline = self._pipeline
         begun = self._clock()
         try:
-            prepared = await loop.run_in_executor(self._executor, pipeline.prepare, step)
+            prepared = await self._executor.run(pipeline.prepare, step)
             prepared_at = self._clock()
             future = self._model.submit(
                 prepared.visual,  # type: ignore[arg-type]
@@ -118,7 +120,7 @@ class FrameRenderer:
             )
             face = await future
             inferred_at = self._clock()
-            frame = await loop.run_in_executor(self._executor, pipeline.compose, prepared, face)
+            frame = await self._executor.run(pipeline.compose, prepared, face)
         except InferenceError as exc:
             self._stats.drop(type(exc).__name__)
             return
@@ -139,12 +141,31 @@ class FrameRenderer:
 
     async def frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""
-        frame = self._buffers.take_frame(index)
+        frame = self._take(index)
         if frame is not None:
             return frame
-        if index in self._pending:
+        return await self._executor.run(self._idle_frame, index)
+
+    async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
+        """Slot ``index``'s frame (as :meth:`frame_for`) encoded by ``encoder`` into RTP
+        payloads: the idle frame's fetch, the encode and the packetising are one job off
+        the loop, so a frame costs the loop one hand-off (``docs/architecture.md`` §6)."""
+        return await self._executor.run(self._encode, encoder, self._take(index), index)
+
+    def _take(self, index: int) -> np.ndarray | None:
+        """The composed frame for slot ``index`` if ready (a frame still in flight for
+        the slot is counted ``not_ready``)."""
+        frame = self._buffers.take_frame(index)
+        if frame is None and index in self._pending:
             self._stats.drop("not_ready")
+        return frame
+
+    def _idle_frame(self, index: int) -> np.ndarray:
         pipeline = self._pipeline
-        avatar_index = bounce_index(index, pipeline.package.frame_count)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, pipeline.frames.get, avatar_index)
+        return pipeline.frames.get(bounce_index(index, pipeline.package.frame_count))
+
+    def _encode(
+        self, encoder: LipstreamH264Encoder, frame: np.ndarray | None, index: int
+    ) -> av.Packet[Any]:
+        image = self._idle_frame(index) if frame is None else frame
+        return encoder.encode_packet(video_frame(image, index, self._fps))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor
 
 import av
 import numpy as np
@@ -60,6 +59,7 @@ from streaming.live.watchdogs import (
     connect_timed_out,
     peer_silent,
 )
+from streaming.live.workers import Offload
 from streaming.webrtc.compat import close_peer_connection
 from streaming.webrtc.tracks import (
     OUT_RATE,
@@ -67,6 +67,7 @@ from streaming.webrtc.tracks import (
     AvatarVideoTrack,
     SessionClock,
 )
+from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 __all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "Session"]
 
@@ -89,7 +90,7 @@ class Session:
         frames: AvatarFrames,
         encoder: AudioEncoder | None,
         settings: Settings,
-        executor: Executor,
+        executor: Offload,
         *,
         remote: str | None = None,
         on_closed: Callable[[Session], None] | None = None,
@@ -173,6 +174,13 @@ class Session:
 
     # -- inputs ---------------------------------------------------------------------
 
+    def encode_video_with(self, encoder: LipstreamH264Encoder) -> None:
+        """Send the video encoded by ``encoder`` (the sender's own, see
+        :func:`~streaming.webrtc.video_encoder.install_encoder`), each frame encoded in
+        the job that fetches it: one hand-off per frame instead of aiortc's own."""
+        renderer = self._renderer
+        self.video.send_from(lambda index: renderer.packet_for(index, encoder))
+
     def add_remote_track(self, track: MediaStreamTrack) -> None:
         """Consume a track the caller sends (audio feeds the mixer; anything else is drained)."""
         name = f"inbound-{track.kind}-{self.session_id[:8]}"
@@ -220,9 +228,8 @@ class Session:
         """Decode the avatar's background frames into the cache while ICE connects."""
 
         async def preload() -> None:
-            loop = asyncio.get_running_loop()
             for index in range(len(self.frames)):
-                await loop.run_in_executor(self._executor, self.frames.get, index)
+                await self._executor.run(self.frames.get, index)
 
         self._spawn(preload(), f"preload-{self.session_id[:8]}")
 

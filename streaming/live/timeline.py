@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from typing import Any
 
 import av
@@ -32,6 +31,7 @@ from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, Frame
 from streaming.audio_in.resample import MonoResampler
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
+from streaming.live.workers import Offload
 from streaming.webrtc.tracks import AUDIO_CHUNK_S, OUT_RATE, SILENCE, OpusChunkEncoder, stamped
 
 FEATURE_RATE = 16_000
@@ -56,7 +56,7 @@ class AudioTimeline:
         mixer: AudioMixer,
         features: AudioFeatureStream,
         sequencer: FrameSequencer,
-        executor: Executor,
+        executor: Offload,
         buffers: SendBuffers,
         *,
         fps: int,
@@ -92,7 +92,6 @@ class AudioTimeline:
 
     async def run(self, start: float) -> None:
         """Make every chunk when it is due, ``start`` being the session clock's start."""
-        loop = asyncio.get_running_loop()
         while True:
             wait = chunk_due(start, self._chunks_made) - self._clock()
             if wait > 0:
@@ -101,9 +100,7 @@ class AudioTimeline:
             index = self._chunks_made
             self._chunks_made += 1
             interrupts = self._interrupts
-            packet, ready = await loop.run_in_executor(
-                self._executor, self._process_chunk, self._opus, chunk, index
-            )
+            packet, ready = await self._executor.run(self._process_chunk, self._opus, chunk, index)
             # An interrupt while the chunk was being encoded silences it too.
             self._buffers.put_chunk(
                 index, packet if interrupts == self._interrupts else stamped(SILENCE, index)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ TESTED_VERSIONS = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 _SENDER_ENCODER = "_RTCRtpSender__encoder"  # name-mangled ``RTCRtpSender.__encoder``
 _RECEIVER_CODECS = "_RTCRtpReceiver__codecs"  # name-mangled ``RTCRtpReceiver.__codecs``
 _RECEIVER_JITTER = "_RTCRtpReceiver__jitter_buffer"  # ``RTCRtpReceiver.__jitter_buffer``
+_SENDER_KEYFRAME = "_send_keyframe"  # RTCRtpSender's reaction to a PLI or FIR
 _TRANSCEIVER_CODECS = "_codecs"
 _ICE_CONNECTION = "_connection"
 
@@ -63,6 +64,7 @@ class Internal:
 
 INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCRtpSender", _SENDER_ENCODER, "install our H.264 encoder; read its bitrate"),
+    Internal("aiortc.RTCRtpSender", _SENDER_KEYFRAME, "PLI/FIR reach frames we encode ourselves"),
     Internal("aiortc.RTCRtpTransceiver", _TRANSCEIVER_CODECS, "the codec a transceiver negotiated"),
     Internal("aiortc.RTCRtpReceiver", _RECEIVER_CODECS, "the codecs a receiver accepts"),
     Internal("aiortc.RTCRtpReceiver", _RECEIVER_JITTER, "audio packets on at once, not prefetched"),
@@ -131,13 +133,19 @@ def sender_encoder(sender: RTCRtpSender) -> object | None:
 
 def _replace(owner: object, name: str, value: object) -> None:
     """Set aiortc's private ``owner.name``; a ``RuntimeError`` naming it if it is gone."""
+    _require(owner, name)
+    setattr(owner, name, value)
+
+
+def _require(owner: object, name: str) -> Any:
+    """aiortc's private ``owner.name``; a ``RuntimeError`` naming it if it is gone."""
     if not hasattr(owner, name):
         raise RuntimeError(
             f"aiortc {installed_versions()['aiortc']}'s {type(owner).__name__} has no {name} "
             f"attribute (tested with {TESTED_VERSIONS['aiortc']}): streaming.webrtc.compat "
             "must be updated for this aiortc version"
         )
-    setattr(owner, name, value)
+    return getattr(owner, name)
 
 
 def install_sender_encoder(sender: RTCRtpSender, encoder: object) -> None:
@@ -146,6 +154,22 @@ def install_sender_encoder(sender: RTCRtpSender, encoder: object) -> None:
     Raises ``RuntimeError`` naming the attribute if this aiortc keeps its encoder elsewhere.
     """
     _replace(sender, _SENDER_ENCODER, encoder)
+
+
+def forward_keyframe_requests(sender: RTCRtpSender, request: Callable[[], None]) -> None:
+    """Call ``request()`` too whenever ``sender`` is asked for a keyframe (PLI or FIR).
+
+    aiortc hands its keyframe flag only to frames it encodes itself; a track that
+    returns frames already encoded learns of the request this way.
+    Raises ``RuntimeError`` naming the method if this aiortc reacts elsewhere.
+    """
+    aiortc_reaction: Callable[[], None] = _require(sender, _SENDER_KEYFRAME)
+
+    def send_keyframe() -> None:
+        aiortc_reaction()
+        request()
+
+    _replace(sender, _SENDER_KEYFRAME, send_keyframe)
 
 
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:

@@ -81,11 +81,33 @@ async def _wait_for_slot(clock: SessionClock, index: int, period_s: float) -> tu
     return index + late_slots, late_slots
 
 
-FrameSource = Callable[[int], Awaitable[np.ndarray]]
+#: Frame ``n`` of the video: a yuv420p array, or a packet already encoded (see
+#: :meth:`~streaming.webrtc.video_encoder.LipstreamH264Encoder.encode_packet`).
+FrameSource = Callable[[int], Awaitable["np.ndarray | av.Packet[Any]"]]
+
+
+def video_frame(image: np.ndarray, index: int, fps: int) -> av.VideoFrame:
+    """Frame ``index`` of a ``fps`` stream around a yuv420p ``image``, without a copy.
+
+    No copy is needed: composed frames are fresh arrays and cached backgrounds are
+    read-only, so nothing writes to the buffer while an encoder reads it.
+    """
+    frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(image), format="yuv420p")
+    frame.pts = index * VIDEO_CLOCK // fps
+    frame.time_base = _VIDEO_TIME_BASE
+    return frame
+
+
+_VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK)
 
 
 class AvatarVideoTrack(MediaStreamTrack):
-    """The avatar video: frame ``n`` comes from ``source(n)`` (a yuv420p array)."""
+    """The avatar video: frame ``n`` comes from ``source(n)``.
+
+    An array is handed to aiortc as a frame for it to encode; a packet (H.264 encoded
+    off the loop with the sender's own encoder) is handed on as is, and aiortc only
+    sends its payloads. :meth:`send_from` switches the source once the codec is known.
+    """
 
     kind = "video"
 
@@ -95,29 +117,29 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._fps = fps
         self._source = source
         self._next = 0
-        self._time_base = fractions.Fraction(1, VIDEO_CLOCK)
         self.frames_sent = 0
         self.frames_skipped = 0
+
+    def send_from(self, source: FrameSource) -> None:
+        """Take the next frames from ``source`` (before media flows)."""
+        self._source = source
 
     @property
     def next_index(self) -> int:
         """The next frame this track will send (earlier frames are no longer wanted)."""
         return self._next
 
-    async def recv(self) -> av.VideoFrame:
+    async def recv(self) -> av.VideoFrame | av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         index, skipped = await _wait_for_slot(self._clock, self._next, 1.0 / self._fps)
         self.frames_skipped += skipped
         self._next = index + 1
-        # No copy: composed frames are fresh arrays and cached backgrounds are read-only,
-        # so nothing writes to the buffer while aiortc's encoder thread reads it.
-        image = np.ascontiguousarray(await self._source(index))
-        frame = av.VideoFrame.from_numpy_buffer(image, format="yuv420p")
-        frame.pts = index * VIDEO_CLOCK // self._fps
-        frame.time_base = self._time_base
+        media = await self._source(index)
         self.frames_sent += 1
-        return frame
+        if isinstance(media, av.Packet):
+            return media  # aiortc sends a packet's payloads as they are
+        return video_frame(media, index, self._fps)
 
 
 PacketSource = Callable[[int], "av.Packet[Any]"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import av
 import numpy as np
@@ -37,7 +38,11 @@ from av.video.codeccontext import VideoCodecContext
 from av.video.frame import PictureType
 
 from config.settings import VideoSettings
-from streaming.webrtc.compat import install_sender_encoder, negotiated_codecs
+from streaming.webrtc.compat import (
+    forward_keyframe_requests,
+    install_sender_encoder,
+    negotiated_codecs,
+)
 from streaming.webrtc.encoder_config import TIME_BASE, CodecName, EncoderConfig, open_codec
 
 logger = logging.getLogger(__name__)
@@ -61,6 +66,42 @@ class LipstreamH264Encoder(H264Encoder):
         super().__init__()
         self._config = config
         self._target = config.bitrate
+        self._keyframe_wanted = False
+
+    def request_keyframe(self) -> None:
+        """The receiver lost the picture (PLI/FIR): the next frame encoded is an IDR.
+
+        aiortc passes its own flag only to frames it encodes itself; frames handed to it
+        encoded (:meth:`encode_packet`) learn of the request here (see
+        :func:`~streaming.webrtc.compat.forward_keyframe_requests`).
+        """
+        self._keyframe_wanted = True
+
+    def encode_packet(self, frame: av.VideoFrame) -> av.Packet[Any]:
+        """Encode and packetise ``frame`` off the event loop, for the sender to send as is.
+
+        Returns an empty ``av.Packet`` stamped with the frame's RTP time (1/90000) whose
+        ``opaque`` holds the RTP payloads; :meth:`pack` hands them to aiortc's sender, so
+        the loop does no H.264 work and no thread hand-off of its own for the frame
+        (``docs/architecture.md`` §6). Frames of one stream are encoded one at a time, in
+        order (the video track awaits each before asking for the next).
+        """
+        force, self._keyframe_wanted = self._keyframe_wanted, False
+        payloads, timestamp = self.encode(frame, force)
+        packet = av.Packet(b"")
+        packet.pts = timestamp
+        packet.time_base = TIME_BASE
+        packet.opaque = payloads
+        return packet
+
+    def pack(self, packet: av.Packet[Any]) -> tuple[list[bytes], int]:
+        """RTP payloads and timestamp of ``packet``: as made by :meth:`encode_packet`, or
+        aiortc's packetizer for a packet of H.264 bytes."""
+        payloads = packet.opaque
+        if isinstance(payloads, list):
+            assert packet.pts is not None
+            return payloads, packet.pts
+        return super().pack(packet)
 
     @property
     def config(self) -> EncoderConfig:
@@ -209,7 +250,7 @@ def negotiated_codec(transceiver: RTCRtpTransceiver) -> RTCRtpCodecParameters | 
 
 
 def install_encoder(
-    sender: RTCRtpSender, encoder: H264Encoder, codec: RTCRtpCodecParameters
+    sender: RTCRtpSender, encoder: LipstreamH264Encoder, codec: RTCRtpCodecParameters
 ) -> bool:
     """Make ``sender`` encode with ``encoder`` instead of aiortc's default encoder.
 
@@ -225,4 +266,5 @@ def install_encoder(
     if sender.kind != "video":
         raise ValueError(f"an H.264 encoder needs a video sender, not {sender.kind!r}")
     install_sender_encoder(sender, encoder)
+    forward_keyframe_requests(sender, encoder.request_keyframe)
     return True
