@@ -42,3 +42,23 @@ def test_opus_packets_carry_the_timeline_and_decode_to_the_same_tone() -> None:
 def test_a_chunk_of_the_wrong_size_is_refused() -> None:
     with pytest.raises(ValueError, match="960 samples"):
         OpusChunkEncoder().encode(np.zeros(480, np.float32), 0)
+
+
+def test_the_voice_comes_back_within_3_ms_of_codec_delay() -> None:
+    # A tone starting at chunk 5: its onset in the decoded audio shows the codec's delay
+    # (6.4 ms for Opus's "voip" mode, 2.5 ms for the "lowdelay" mode we send with).
+    encoder = OpusChunkEncoder()
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.sample_rate = OUT_RATE
+    decoder.layout = "mono"
+    decoded: list[np.ndarray] = []
+    for index in range(10):
+        chunk = sine(index) if index >= 5 else np.zeros(CHUNK_SAMPLES, np.float32)
+        for frame in decoder.decode(encoder.encode(chunk, index)):
+            samples = frame.to_ndarray().reshape(-1)
+            scale = 32768.0 if samples.dtype == np.int16 else 1.0
+            decoded.append(samples.astype(np.float64) / scale)
+    pcm = np.concatenate(decoded)
+    onset = int(np.argmax(np.abs(pcm) > 0.1))
+    delay_ms = (onset - 5 * CHUNK_SAMPLES) * 1000 / OUT_RATE
+    assert 0 <= delay_ms <= 3.0, delay_ms

@@ -161,9 +161,15 @@ class OpusChunkEncoder:
         codec.format = "flt"
         codec.bit_rate = bitrate
         codec.time_base = self._time_base
-        # Complexity 5 of 10: 0.16 ms per chunk instead of 0.23 (this VM), still clean
-        # speech at 48 kbit/s.
-        codec.options = {"application": "voip", "frame_duration": "20", "compression_level": "5"}
+        # "lowdelay" (CELT only) at complexity 5: at 48 kbit/s the voice comes back
+        # closer to the original (22.8 dB SNR on the bundled speech sample against 11.9
+        # for "voip"), 4 ms sooner (2.5 ms of codec delay against 6.4) and for less than
+        # half the CPU (0.097 ms per chunk against 0.222 on the development VM).
+        codec.options = {
+            "application": "lowdelay",
+            "frame_duration": "20",
+            "compression_level": "5",
+        }
         codec.open()
         self._codec = codec
 
