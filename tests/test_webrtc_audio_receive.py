@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 from aiortc import AudioStreamTrack, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
-from streaming.webrtc.compat import install_audio_receive_buffer
+from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
+from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE, OpusChunkEncoder
 
 
 def packet(sequence: int) -> RtpPacket:
@@ -95,6 +97,86 @@ async def test_a_real_audio_call_flows_through_the_buffer(loopback: None) -> Non
         assert buffer.passed >= 10
         with pytest.raises(ValueError, match="only audio"):
             install_audio_receive_buffer(caller.addTransceiver("video"), buffer)
+    finally:
+        await caller.close()
+        await server.close()
+
+
+# -- Opus decoded on arrival ---------------------------------------------------------------
+
+
+def opus_packets(count: int, payload_type: int = 111) -> list[RtpPacket]:
+    """``count`` 20 ms packets of a 440 Hz tone, as aiortc's receiver has them."""
+    encoder = OpusChunkEncoder()
+    packets = []
+    for i in range(count):
+        t = (np.arange(CHUNK_SAMPLES) + i * CHUNK_SAMPLES) / OUT_RATE
+        tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        p = RtpPacket(payload_type=payload_type, sequence_number=i, timestamp=960 * i)
+        p._data = bytes(encoder.encode(tone, i))  # type: ignore[attr-defined]
+        packets.append(p)
+    return packets
+
+
+def test_opus_is_decoded_on_arrival_to_48khz_mono_and_kept_from_aiortc() -> None:
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    for p in opus_packets(50):
+        assert buffer.add(p) == (False, None)  # aiortc's decoder thread gets nothing
+        assert len(heard) == p.sequence_number + 1  # decoded on this packet's arrival
+    assert {(h.dtype, h.shape) for h in heard} == {(np.dtype(np.float32), (CHUNK_SAMPLES,))}
+    steady = np.concatenate(heard)[OUT_RATE // 4 :]
+    amplitude = np.sqrt(np.mean(steady.astype(np.float64) ** 2)) * np.sqrt(2)
+    assert 0.35 < amplitude < 0.65, amplitude  # 0.5 sent
+    spectrum = np.abs(np.fft.rfft(steady * np.hanning(len(steady))))
+    assert abs(np.argmax(spectrum) * OUT_RATE / len(steady) - 440) < 5
+    assert (buffer.passed, buffer.decoded, buffer.undecodable) == (50, 50, 0)
+
+
+def test_other_payload_types_still_go_to_aiortc() -> None:
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    for p in opus_packets(3, payload_type=0):  # e.g. PCMU: aiortc decodes it
+        _, frame = buffer.add(p)
+        assert frame is not None
+    assert not heard
+
+
+def test_an_undecodable_packet_costs_its_20_ms_not_the_call() -> None:
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    packets = opus_packets(6)
+    packets[3]._data = b"\xff" * 3  # type: ignore[attr-defined]  # not an Opus frame
+    for p in packets:
+        buffer.add(p)
+    assert buffer.undecodable == 1
+    assert len(heard) == 5
+
+
+async def test_a_real_opus_call_is_decoded_by_the_buffer(loopback: None) -> None:
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    heard: list[np.ndarray] = []
+    enough = asyncio.Event()
+
+    def hear(samples: np.ndarray) -> None:
+        heard.append(samples)
+        if len(heard) >= 10:
+            enough.set()
+
+    try:
+        caller.addTrack(AudioStreamTrack())
+        await caller.setLocalDescription(await caller.createOffer())
+        await server.setRemoteDescription(caller.localDescription)
+        (transceiver,) = server.getTransceivers()
+        opus = [c.payloadType for c in negotiated_codecs(transceiver) if c.name == "opus"]
+        assert opus  # aiortc offers Opus first
+        buffer = ArrivalOrderAudioBuffer(hear, opus_payload_types=[int(pt) for pt in opus])
+        install_audio_receive_buffer(transceiver, buffer)
+        await server.setLocalDescription(await server.createAnswer())
+        await caller.setRemoteDescription(server.localDescription)
+        await asyncio.wait_for(enough.wait(), 30)
+        assert buffer.decoded >= 10
+        assert all(h.shape == (CHUNK_SAMPLES,) for h in heard)
     finally:
         await caller.close()
         await server.close()

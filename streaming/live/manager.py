@@ -28,7 +28,7 @@ from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
-from streaming.webrtc.compat import install_audio_receive_buffer
+from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import (
     EncoderFactory,
@@ -232,7 +232,13 @@ class SessionManager:
                 raise OfferError("the offer has no audio or video section")
             for transceiver in pc.getTransceivers():  # before media flows (§2)
                 if transceiver.kind == "audio":
-                    install_audio_receive_buffer(transceiver, ArrivalOrderAudioBuffer())
+                    opus = [
+                        c.payloadType
+                        for c in negotiated_codecs(transceiver)
+                        if c.name.lower() == "opus" and c.payloadType is not None
+                    ]
+                    buffer = ArrivalOrderAudioBuffer(session.hear_caller, opus)
+                    install_audio_receive_buffer(transceiver, buffer)
             negotiated = negotiated_codec(video_transceiver)
             codec = negotiated.mimeType if negotiated is not None else None
             if negotiated is not None:

@@ -181,8 +181,13 @@ class Session:
         renderer = self._renderer
         self.video.send_from(lambda index: renderer.packet_for(index, encoder))
 
+    def hear_caller(self, samples: np.ndarray) -> None:
+        """The caller's audio, decoded as it arrived (float32, 48 kHz mono)."""
+        self._mixer.feed_inbound(samples)
+
     def add_remote_track(self, track: MediaStreamTrack) -> None:
-        """Consume a track the caller sends (audio feeds the mixer; anything else is drained)."""
+        """Consume a track the caller sends: audio in a codec the receive buffer does not
+        decode itself (not Opus) feeds the mixer; anything else is drained."""
         name = f"inbound-{track.kind}-{self.session_id[:8]}"
         self._spawn(self._consume(track), name)
 

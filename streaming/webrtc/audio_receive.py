@@ -13,24 +13,57 @@ dropped, its 20 ms lost rather than played out of order.
 It stands in for aiortc's buffer through ``streaming.webrtc.compat``
 (:func:`~streaming.webrtc.compat.install_audio_receive_buffer`), with the same
 ``add(packet) -> (pli, frame)`` contract.
+
+Given a ``decode_into`` sink, it also decodes Opus packets itself, on the event loop as
+they arrive (≈50 µs for 20 ms), straight to 48 kHz mono, and hands aiortc nothing for
+them. aiortc would queue each packet to its decoder thread, which decodes to stereo and
+posts every frame back with ``run_coroutine_threadsafe`` (a future and a task per 20 ms)
+to the remote track, whose consumer then resamples it to mono on the loop: two thread
+hand-offs, three task wake-ups and a resampler per packet, for work the loop can do in
+50 µs (``docs/architecture.md`` §2). Packets of other codecs go aiortc's way.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Collection
+
+import av
+import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
+
+logger = logging.getLogger(__name__)
 
 #: Sequence numbers are 16 bits; a packet at most half the range behind is "older".
 _HALF_RANGE = 0x8000
 
 
-class ArrivalOrderAudioBuffer:
-    """Passes each audio packet on as it arrives; drops one that comes after a later one."""
+#: What the caller's Opus is decoded to: the mixer's rate, one channel.
+DECODE_RATE = 48_000
+_S16_SCALE = np.float32(1 / 32768)
 
-    def __init__(self) -> None:
+
+class ArrivalOrderAudioBuffer:
+    """Passes each audio packet on as it arrives; drops one that comes after a later one.
+
+    With ``decode_into``, packets whose payload type is in ``opus_payload_types`` are
+    decoded here and their float32 48 kHz mono samples go to ``decode_into`` instead.
+    """
+
+    def __init__(
+        self,
+        decode_into: Callable[[np.ndarray], None] | None = None,
+        opus_payload_types: Collection[int] = (),
+    ) -> None:
         self._last: int | None = None  # sequence number handed on last
+        self._decode_into = decode_into
+        self._opus = frozenset(opus_payload_types) if decode_into is not None else frozenset()
+        self._decoder: av.AudioCodecContext | None = None
         self.passed = 0
         self.dropped = 0  # reordered or repeated packets
+        self.decoded = 0
+        self.undecodable = 0
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """The frame to decode for ``packet`` (its depayloaded data), or None to drop it.
@@ -51,4 +84,27 @@ class ArrivalOrderAudioBuffer:
             )
         self._last = sequence
         self.passed += 1
+        if packet.payload_type in self._opus:
+            self._decode(data)
+            return False, None
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
+
+    def _decode(self, data: bytes) -> None:
+        if self._decoder is None:
+            decoder = av.CodecContext.create("libopus", "r")
+            decoder.sample_rate = DECODE_RATE
+            decoder.layout = "mono"
+            self._decoder = decoder
+        try:
+            frames = self._decoder.decode(av.Packet(data))
+        except av.FFmpegError as exc:  # one bad packet costs its 20 ms, not the call
+            self.undecodable += 1
+            logger.debug("undecodable Opus packet from the caller: %s", exc)
+            return
+        assert self._decode_into is not None
+        for frame in frames:
+            samples = frame.to_ndarray().reshape(-1)
+            if samples.dtype == np.int16:  # libopus decodes to s16 whatever is asked
+                samples = samples.astype(np.float32) * _S16_SCALE
+            self.decoded += 1
+            self._decode_into(samples.astype(np.float32, copy=False))
