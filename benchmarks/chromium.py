@@ -50,3 +50,26 @@ async def caller_page(profile: Path, fake_mic: Path) -> AsyncIterator[Page]:
             yield context.pages[0] if context.pages else await context.new_page()
         finally:
             await context.close()
+
+
+@asynccontextmanager
+async def caller_pages(fake_mic: Path, count: int) -> AsyncIterator[list[Page]]:
+    """``count`` pages of one Chromium whose microphone plays ``fake_mic`` (looped).
+
+    Each page is in its own browser context, so each is a separate tab with its own
+    renderer, ``getUserMedia`` capture and ``AudioContext``: several callers on one
+    machine without paying for several browsers. The microphone file is a browser-wide
+    flag, so every page hears the same file, each from when its own capture opened.
+    """
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={fake_mic}"],
+        )
+        try:
+            yield [await (await browser.new_context()).new_page() for _ in range(count)]
+        finally:
+            await browser.close()
