@@ -3,9 +3,10 @@
     .venv/bin/python -m benchmarks.run [--quick] [--json out.json] [--only NAME ...]
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
-frame_costs, delay, memory, cold_start, sessions_per_core. Targets are ratios and
-limits printed as PASS/MISS; nothing here fails a test. Figures depend on the machine
-and its load: compare figures from one run.
+frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
+margin.
+Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
+depend on the machine and its load: compare figures from one run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ BENCHMARKS = (
     "memory",
     "cold_start",
     "sessions_per_core",
+    "live_cpu",
+    "margin",
 )
 
 

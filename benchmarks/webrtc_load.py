@@ -1,10 +1,11 @@
 """A load client: K WebRTC calls to a lipstream server, each speaking, per-call fps back.
 
     .venv/bin/python -m benchmarks.webrtc_load --url http://127.0.0.1:8080 --calls 4 \
-        --seconds 10 --speech speech.wav [--avatar demo]
+        --seconds 10 --speech speech.wav [--avatar demo] [--microphone]
 
 Each call offers to receive audio and video (as the demo page does), pushes ``--speech``
-with ``POST /sessions/{id}/audio`` so the avatar speaks all the time, receives and
+with ``POST /sessions/{id}/audio`` so the avatar speaks all the time (or, with
+``--microphone``, sends it as the call's microphone, looped, as a caller does), receives and
 decodes the H.264 video for ``--seconds`` after every call has its first frame, then
 hangs up. Prints one JSON object: per call the frames received and fps over the window.
 Run it as a separate process so its decoding does not share the server's event loop.
@@ -22,6 +23,7 @@ from pathlib import Path
 import av
 from aiohttp import ClientSession
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
 from streaming.webrtc.compat import loopback_only_ice
@@ -37,9 +39,15 @@ class Call:
         self.session_id = ""
         self.video_times: list[float] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._player: MediaPlayer | None = None
 
-    async def connect(self) -> None:
-        self.pc.addTransceiver("audio", direction="recvonly")
+    async def connect(self, microphone: Path | None = None) -> None:
+        if microphone is None:
+            self.pc.addTransceiver("audio", direction="recvonly")
+        else:  # the speech plays as the caller's microphone, in real time, looped
+            self._player = MediaPlayer(str(microphone), loop=True)
+            assert self._player.audio is not None
+            self.pc.addTrack(self._player.audio)
         self.pc.addTransceiver("video", direction="recvonly")
 
         @self.pc.on("track")
@@ -85,19 +93,21 @@ class Call:
 
 
 async def drive(
-    url: str, calls: int, seconds: float, speech: Path, avatar: str
+    url: str, calls: int, seconds: float, speech: Path, avatar: str, microphone: bool = False
 ) -> dict[str, object]:
-    """Open ``calls`` calls, make them speak, measure fps over ``seconds``; hang up."""
+    """Open ``calls`` calls, make them speak (pushed audio, or the caller's microphone),
+    measure fps over ``seconds``; hang up."""
     wav = speech.read_bytes()  # noqa: ASYNC240 - once, before any call starts
     async with ClientSession(base_url=url) as http:
         active = [Call(http, avatar) for _ in range(calls)]
         try:
             for call in active:
-                await call.connect()
+                await call.connect(speech if microphone else None)
             async with asyncio.timeout(30):
                 while any(not c.video_times for c in active):  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
-            await asyncio.gather(*(c.speak(wav) for c in active))
+            if not microphone:
+                await asyncio.gather(*(c.speak(wav) for c in active))
             await asyncio.sleep(1.0)  # the speech reaches the video after the delay
             start, cpu_start = time.monotonic(), time.process_time()
             await asyncio.sleep(seconds)
@@ -125,9 +135,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--speech", type=Path, required=True)
     parser.add_argument("--avatar", default="demo")
+    parser.add_argument(
+        "--microphone", action="store_true", help="send the speech as each call's microphone"
+    )
     args = parser.parse_args()
     with loopback_only_ice():
-        result = asyncio.run(drive(args.url, args.calls, args.seconds, args.speech, args.avatar))
+        result = asyncio.run(
+            drive(args.url, args.calls, args.seconds, args.speech, args.avatar, args.microphone)
+        )
     print(json.dumps(result))
 
 

@@ -1,0 +1,174 @@
+"""The smallest ``session.pipeline_margin_ms`` that keeps a loaded server's frames lip-synced.
+
+    .venv/bin/python -m benchmarks.run --only margin [--quick]
+
+The margin is the part of the configured delay left for features, batched inference and
+compositing after the model's lookahead and one 20 ms tick (``docs/architecture.md``
+§8): every millisecond of it is a millisecond every caller waits, and a frame that
+misses it goes out as the idle frame (its lip-sync lost). This benchmark finds how many
+1280×720 demo calls admission control lets in with the default settings (its own
+capacity model, :func:`~streaming.live.admission.refusal`, fed with the model's inference
+cost as measured in a first 1-call window), then, for each margin, runs that many speaking
+calls (speech as each call's microphone, from a separate client process) and counts the
+share of the frames meant to be lip-synced that went out lip-synced: frames inferred ÷
+(frames inferred + frames dropped for any reason). It does the same for every smaller
+number of calls, since a machine that cannot serve what admission lets in needs a
+different fix (admission's CPU figure) than a margin.
+
+Target: ≥ 99% lip-synced at the default margin with the admitted number of calls. The
+suggested margin is the smallest tried that reaches 99%. Not a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from benchmarks.common import Result, Target, print_table, print_targets
+from benchmarks.live_server import live_server, write_speech
+from config.settings import Settings
+from inference_core.assets.demo_avatar import write_demo_avatar
+from streaming.live.admission import (
+    SPEECH_DUTY,
+    AdmissionControl,
+    SessionLoad,
+    cpu_ms_per_frame,
+    refusal,
+)
+from web.app_keys import CORE, SESSIONS
+
+MARGINS_MS = (20.0, 40.0, 60.0, 80.0, 120.0)
+TARGET_SHARE = 0.99
+
+
+def admitted_calls(app: web.Application, avatar: str = "demo") -> int:
+    """How many calls of ``avatar`` default admission control lets in on this machine,
+    with the model's inference cost as measured in ``app`` (a server that ran it)."""
+    core = app[CORE]
+    model = core.registry.entry(avatar).model
+    assert model is not None, "run a call first: admission uses the measured cost"
+    manifest = model.package.manifest
+    defaults = Settings()
+    control = AdmissionControl(defaults, core)
+    inference = model.stats().mean_ms_per_frame * manifest.fps * SPEECH_DUTY
+    cpu = cpu_ms_per_frame(manifest.frame_size, defaults.video.preset) * manifest.fps
+    if model.device.kind == "cpu":
+        cpu += inference  # the same cores
+    load = SessionLoad(model.device.index, inference, cpu)
+    budget = control.budget()
+    running: list[SessionLoad] = []
+    while refusal(budget, running, load) is None:
+        running.append(load)
+    return len(running)
+
+
+async def _window(
+    root: Path, margin_ms: float, calls: int, seconds: float, admit: list[int] | None = None
+) -> dict[str, Any]:
+    speech = write_speech(root / "speech.wav", seconds + 15)
+    settings: dict[str, object] = {"session": {"pipeline_margin_ms": margin_ms}}
+    async with live_server(root, settings) as (app, url):
+        client = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "benchmarks.webrtc_load",
+            *("--url", url, "--calls", str(calls), "--seconds", str(seconds)),
+            *("--speech", str(speech), "--avatar", "demo", "--microphone"),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        manager = app[SESSIONS]
+        async with asyncio.timeout(60):
+            while len(manager.sessions) < calls or any(  # noqa: ASYNC110 - polls the manager
+                s.stats.frames_inferred == 0 for s in manager.sessions
+            ):
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        sessions = list(manager.sessions)
+        before = [(s.stats.frames_inferred, sum(s.stats.frames_dropped.values())) for s in sessions]
+        await asyncio.sleep(seconds * 0.7)
+        inferred = sum(s.stats.frames_inferred for s in sessions) - sum(b[0] for b in before)
+        dropped = sum(sum(s.stats.frames_dropped.values()) for s in sessions) - sum(
+            b[1] for b in before
+        )
+        if admit is not None:
+            admit.append(admitted_calls(app))
+        out, _ = await client.communicate()
+        fps = json.loads(out.decode().strip().splitlines()[-1])["fps"]
+    wanted = inferred + dropped
+    return {
+        "margin_ms": margin_ms,
+        "calls": calls,
+        "lip_synced": inferred / wanted if wanted else 0.0,
+        "dropped": dropped,
+        "min_fps": min(float(f) for f in fps),
+    }
+
+
+def run(quick: bool = False) -> Result:
+    seconds = 6.0 if quick else 10.0
+    default_margin = Settings().session.pipeline_margin_ms
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_demo_avatar(root / "avatars" / "demo", size=(1280, 720))
+        admit: list[int] = []
+        results = [asyncio.run(_window(root, default_margin, 1, seconds, admit))]
+        admitted = admit[0]
+        for calls in range(1, admitted + 1):
+            for margin in MARGINS_MS:
+                if (calls, margin) != (1, default_margin):
+                    results.append(asyncio.run(_window(root, margin, calls, seconds)))
+    results.sort(key=lambda r: (r["calls"], r["margin_ms"]))
+    print_table(
+        f"Lip-synced share by margin, 720p calls speaking ({seconds * 0.7:.0f} s window); "
+        f"admission lets in {admitted}",
+        ["calls", "margin ms", "lip-synced", "dropped", "min fps"],
+        [
+            [
+                r["calls"],
+                r["margin_ms"],
+                f"{100 * r['lip_synced']:.1f}%",
+                r["dropped"],
+                r["min_fps"],
+            ]
+            for r in results
+        ],
+    )
+    smallest: dict[int, float | None] = {}
+    for calls in range(1, admitted + 1):
+        enough = [
+            r["margin_ms"]
+            for r in results
+            if r["calls"] == calls and r["lip_synced"] >= TARGET_SHARE
+        ]
+        smallest[calls] = min(enough) if enough else None
+        print(f"  {calls} call(s): smallest margin keeping >= 99%: {smallest[calls]}")
+    at_default = next(
+        r["lip_synced"]
+        for r in results
+        if r["calls"] == admitted and r["margin_ms"] == default_margin
+    )
+    targets = [
+        Target(
+            f"lip-synced at {default_margin:g} ms with {admitted} calls",
+            at_default,
+            TARGET_SHARE,
+            True,
+        )
+    ]
+    print_targets(targets)
+    return {
+        "admitted": admitted,
+        "results": results,
+        "smallest_margin_ms": smallest,
+        "targets": [t.as_json() for t in targets],
+    }
+
+
+if __name__ == "__main__":
+    run(quick="--quick" in sys.argv)
