@@ -395,10 +395,10 @@ class CallFigures:
 
     def server_note(self) -> str:
         """What the server did to this call: frames inferred of those sent, frames
-        dropped, microphone audio skipped; or that the session had already ended."""
+        dropped, microphone audio skipped; or why the session had already ended."""
         s = self.server
         if "frames_sent" not in s:
-            return "ended before the end"
+            return f"ended early: {s.get('end_reason')}"
         dropped = sum(s.get("frames_dropped", {}).values())
         return (
             f"{s['frames_inferred']}/{s['frames_sent']} inferred, {dropped} dropped, "
@@ -414,6 +414,14 @@ class CallFigures:
     def offsets_ms(self, *, hogged: bool | None = None) -> list[float]:
         sounds = [s for s in self.sound_s if hogged is None or (s >= self.hog_s[0]) == hogged]
         return av_offsets_ms(sounds, self.mouth_s)
+
+    def offset_cell(self, *, hogged: bool) -> str:
+        magnitudes = [abs(o) for o in self.offsets_ms(hogged=hogged)]
+        sounds = sum((s >= self.hog_s[0]) == hogged for s in self.sound_s)
+        if not magnitudes:
+            return f"- (0 / {sounds})"
+        median = statistics.median(magnitudes)
+        return f"{median:.0f} / {max(magnitudes):.0f} ({len(magnitudes)} / {sounds})"
 
     def recovery_s(self) -> float:
         if math.isnan(self.steady_ms):
@@ -501,13 +509,13 @@ async def record(
         for page in pages:
             await page.goto(url + "/")
         sessions = await asyncio.gather(*(page.evaluate(PAGE_SCRIPT, args) for page in pages))
-        configured_ms = [app[SESSIONS].get(sid).delay_s * 1000 for sid in sessions]
+        live = [app[SESSIONS].get(sid) for sid in sessions]  # kept to read end_reason
         await asyncio.sleep(quiet_s)  # a benchmark: the calls play for this long
         links = [await _epoch_minus_perf_s(page) for page in pages]
         hog = await _hog(HOG_S)
         await asyncio.sleep(after_s)
         probes = []
-        for page, link, configured in zip(pages, links, configured_ms, strict=True):
+        for page, link, session in zip(pages, links, live, strict=True):
             probe = await page.evaluate(
                 "() => { const p = window.__probe;"
                 " return {chunks: p.chunks, clock: p.clock, frames: p.frames,"
@@ -516,7 +524,9 @@ async def record(
             probe["state"] = await page.evaluate(
                 "async id => (await fetch('/sessions/' + id)).json()", probe["session"]
             )
-            probe["epoch_minus_perf_s"], probe["configured_ms"] = link, configured
+            probe["state"].setdefault("end_reason", session.end_reason)
+            probe["epoch_minus_perf_s"] = link
+            probe["configured_ms"] = session.delay_s * 1000
             probes.append(probe)
     return probes, hog
 
@@ -530,6 +540,7 @@ class Summary:
     quiet: list[Burst]
     hogged: list[Burst]
     offsets_ms: list[float]
+    sounds: int  # sound onsets heard: each should have a mouth onset near it
     recovery_s: float
 
     @staticmethod
@@ -540,29 +551,36 @@ class Summary:
             [b for f in figures for b in f.quiet()],
             [b for f in figures for b in f.hogged()],
             [o for f in figures for o in f.offsets_ms()],
+            sum(len(f.sound_s) for f in figures),
             max(f.recovery_s() for f in figures),
         )
 
-    def delay_row(self, scenario: str) -> list[object]:
+    def delays_ms(self, scenario: str) -> list[float]:
+        """Sorted delays, a lost burst as ``inf``: it was not heard within the window, so
+        it may not shrink a percentile by being left out."""
         bursts = self.quiet if scenario == "quiet" else self.hogged
-        delays = [b.delay_ms for b in bursts if b.delay_ms is not None]
-        lost = len(bursts) - len(delays)
+        return sorted(math.inf if b.delay_ms is None else b.delay_ms for b in bursts)
+
+    def delay_row(self, scenario: str) -> list[object]:
+        delays = self.delays_ms(scenario)
         if not delays:
-            return [self.calls, scenario, len(bursts), lost, "-", "-", "-", "-"]
+            return [self.calls, scenario, 0, 0, "-", "-", "-", "-"]
+        lost = sum(math.isinf(d) for d in delays)
         high = p95(delays)
         return [
-            self.calls, scenario, len(bursts), lost, statistics.median(delays), high,
-            max(delays), high - self.configured_ms,
+            self.calls, scenario, len(delays), lost, statistics.median(delays), high,
+            delays[-1], high - self.configured_ms,
         ]  # fmt: skip
 
     def quiet_p95_excess_ms(self) -> float:
-        delays = [b.delay_ms for b in self.quiet if b.delay_ms is not None]
-        return p95(delays) - self.configured_ms if delays else float("inf")
+        delays = self.delays_ms("quiet")
+        return p95(delays) - self.configured_ms if delays else math.inf
 
     def offset_stats_ms(self) -> tuple[float, float]:
-        """Median and max of |offset| (inf without one offset: nothing was measured)."""
-        if not self.offsets_ms:
-            return float("inf"), float("inf")
+        """Median and max of |offset|; ``inf`` when fewer than half the sounds heard had a
+        mouth opening near them (the lips did not follow: nothing to judge sync by)."""
+        if not self.offsets_ms or len(self.offsets_ms) < self.sounds / 2:
+            return math.inf, math.inf
         magnitudes = [abs(o) for o in self.offsets_ms]
         return statistics.median(magnitudes), max(magnitudes)
 
@@ -577,18 +595,16 @@ def _print(summaries: Sequence[Summary], runs: dict[int, list[CallFigures]]) -> 
     for calls, figures in runs.items():
         for index, f in enumerate(figures, 1):
             during = [b.delay_ms for b in f.hogged() if b.delay_ms is not None]
-            quiet = [abs(o) for o in f.offsets_ms(hogged=False)] or [math.nan]
-            hogged = [abs(o) for o in f.offsets_ms(hogged=True)] or [math.nan]
             rows.append([
                 calls, index, f.steady_ms, max(during, default=math.nan),
                 sum(b.delay_ms is None for b in f.hogged()), f.recovery_s(),
-                f"{statistics.median(quiet):.0f} / {max(quiet):.0f}",
-                f"{statistics.median(hogged):.0f} / {max(hogged):.0f}", f.server_note(),
+                f.offset_cell(hogged=False), f.offset_cell(hogged=True), f.server_note(),
             ])  # fmt: skip
     print_table(
         f"Per call: before, under and after the {HOG_S:g} s hog; |mouth - sound| (ms)",
         ["calls", "call", "steady", "max from the hog on", "lost", "back after (s)",
-         "offset p50 / max (abs), quiet", "same, from the hog on", "server"],
+         "abs offset p50 / max (with / sounds), quiet", "same, from the hog on",
+         "server"],
         rows,
     )  # fmt: skip
     targets = []
