@@ -300,7 +300,7 @@ def recovery_s(
 ) -> float:
     """Seconds from ``hog_end_s`` until the first heard burst from which every later one
     is within ``tolerance_ms`` of ``steady_ms``; a lost burst counts as out. ``inf`` if
-    the last burst is still out (never back); 0 if none is heard after the hog.
+    the last burst is still out, or none is heard after the hog: not seen back.
 
     A lost burst has no heard time: it is placed where a steady one would have been heard.
     """
@@ -310,14 +310,14 @@ def recovery_s(
 
     after = sorted((b for b in bursts if heard(b) >= hog_end_s), key=heard)
     if not after:
-        return 0.0
+        return math.inf
     bad = [
         i
         for i, b in enumerate(after)
         if b.delay_ms is None or abs(b.delay_ms - steady_ms) > tolerance_ms
     ]
     if bad and bad[-1] == len(after) - 1:
-        return float("inf")
+        return math.inf
     return heard(after[bad[-1] + 1 if bad else 0]) - hog_end_s
 
 
@@ -390,7 +390,7 @@ class CallFigures:
     sound_s: list[float]
     mouth_s: list[float]
     hog_s: tuple[float, float]
-    steady_ms: float = float("nan")
+    steady_ms: float = math.nan
     server: dict[str, Any] = field(default_factory=dict)  # GET /sessions/{id} at the end
 
     def server_note(self) -> str:
@@ -467,13 +467,13 @@ def analyse_call(probe: dict[str, Any], hog_epoch: tuple[float, float]) -> CallF
         server=probe["state"],
     )
     quiet = [b.delay_ms for b in figures.quiet() if b.delay_ms is not None]
-    figures.steady_ms = statistics.median(quiet) if quiet else float("nan")
+    figures.steady_ms = statistics.median(quiet) if quiet else math.nan
     return figures
 
 
 async def _epoch_minus_perf_s(page: Any) -> float:
     """``time.time() - performance.now()`` of ``page``, from the quickest of 5 round trips."""
-    best = (float("inf"), 0.0)
+    best = (math.inf, 0.0)
     for _ in range(5):
         t0 = time.time()
         perf_ms = await page.evaluate("() => performance.now()")
