@@ -23,6 +23,7 @@ _SAMPLE = SessionSnapshot(
         p95=30.25,
         mean=22.0,
         stages={"features": 9.0, "prepare": 2.5, "inference": 6.5, "compose": 4.0},
+        sending={"slot_wait": 58.0, "encode": 4.5},
     ),
     queued_audio_s=1.5,
     buffered=BufferedMedia(audio_chunks=26, frames=12, inbound_audio_ms=20.0),

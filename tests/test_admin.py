@@ -460,7 +460,7 @@ async def test_sessions_are_listed_and_hung_up(tmp_path: Path, loopback: None) -
             assert session["state"] in {"connected", "streaming"}
             assert session["uptime_s"] > 0
             assert session["output_fps"] > 0  # frames went out between the two reads
-            assert set(session["added_delay_ms"]) == {"p50", "p95", "mean", "stages"}
+            assert set(session["added_delay_ms"]) == {"p50", "p95", "mean", "stages", "sending"}
             # Each track is at most CATCH_UP_S late before it skips to the current slot,
             # so the next chunk and the next frame differ by that plus one slot of each.
             bound_ms = (CATCH_UP_S + 1 / 25 + AUDIO_CHUNK_S) * 1000

@@ -20,7 +20,7 @@ from inference_core.exceptions import ModelLoadError
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.scheduler import DeviceScheduler
-from streaming.live.reporting import STAGES
+from streaming.live.reporting import SENDING, STAGES
 from tests.live_calls import GENEROUS_MARGIN_MS, until
 from tests.packages import make_package
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
@@ -45,7 +45,7 @@ ALLOWED_LABELS = {
     "device": set(DEVICES),
     "reason": DROP_REASONS | {"capacity", "idle", "admin"},
     "event": {"started", "ended", "rejected", "failed"},
-    "stage": set(STAGES),
+    "stage": set(STAGES) | set(SENDING),
 }
 FAMILIES = {
     "counter": [
@@ -241,9 +241,10 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
             async def lip_synced_frames() -> dict[str, Metric] | None:
                 families = await scrape(client)
                 composed = value(families, "lipstream_frame_delay_seconds_count")
-                return families if composed >= 5 else None
+                sent = value(families, "lipstream_frame_stage_seconds_count", stage="encode")
+                return families if composed >= 5 and sent >= 1 else None
 
-            live = await until(lip_synced_frames, "5 lip-synced frames composed")
+            live = await until(lip_synced_frames, "5 lip-synced frames composed, 1 sent")
         finally:
             await caller.hang_up()
         frames = value(live, "lipstream_frame_delay_seconds_count")
@@ -255,9 +256,17 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         for stage in STAGES:
             assert value(live, "lipstream_frame_stage_seconds_count", stage=stage) == frames
         assert value(live, "lipstream_frame_stage_seconds_sum", stage="inference") > 0
-        assert value(live, "lipstream_frame_stage_seconds_sum") == pytest.approx(
+        stage_sums = sum(
+            value(live, "lipstream_frame_stage_seconds_sum", stage=stage) for stage in STAGES
+        )
+        assert stage_sums == pytest.approx(
             value(live, "lipstream_frame_delay_seconds_sum"), abs=1e-6 * frames
         )
+        # Once sent, each lip-synced frame's wait for its slot and its encode are observed.
+        sent = value(live, "lipstream_frame_stage_seconds_count", stage="encode")
+        assert 0 < sent <= frames
+        assert value(live, "lipstream_frame_stage_seconds_count", stage="slot_wait") == sent
+        assert value(live, "lipstream_frame_stage_seconds_sum", stage="encode") > 0
         assert value(live, "lipstream_sessions_live") == 1
         assert value(live, "lipstream_frames_served_total") > 0
         assert value(live, "lipstream_frames_inferred_total") > 0

@@ -8,6 +8,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from inference_core.exceptions import DeadlineExceededError, QueueFullError
 from inference_core.features.stream import FrameAudio
 from streaming.frame_pipeline import FramePipeline
 from streaming.live.renderer import COMPOSE_S, MAX_FRAMES_IN_FLIGHT, FrameRenderer
-from streaming.live.reporting import FrameStages, SessionStats
+from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.webrtc.tracks import SessionClock
 from tests.packages import make_package
@@ -110,6 +111,7 @@ class Rig:
     frames: AvatarFrames
     clock: Clock
     ready: list[FrameStages]
+    sent: list[FrameSending]
 
     def submit(self, index: int) -> None:
         count = len(self.frames)
@@ -131,6 +133,7 @@ def rig(package: AvatarPackage) -> Rig:
     model = HandModel(package.manifest.adapter.input_size)
     clock = Clock(START)
     ready: list[FrameStages] = []
+    sent: list[FrameSending] = []
     renderer = FrameRenderer(
         "session-1",
         model,  # type: ignore[arg-type]
@@ -142,9 +145,10 @@ def rig(package: AvatarPackage) -> Rig:
         fps=FPS,
         lookahead_ms=LOOKAHEAD_MS,
         on_frame_ready=ready.append,
+        on_frame_sent=sent.append,
         clock=clock,
     )
-    return Rig(renderer, model, buffers, stats, frames, clock, ready)
+    return Rig(renderer, model, buffers, stats, frames, clock, ready, sent)
 
 
 async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
@@ -184,6 +188,37 @@ async def test_a_frames_added_delay_is_split_into_stages_that_add_up(rig: Rig) -
     # The hook (what /metrics observes) hears the same split, in seconds.
     assert rig.ready == [pytest.approx(FrameStages(0.030, 0.0, 0.100, 0.0))]
     assert rig.ready[0].total == pytest.approx(0.130)
+
+
+class SlowEncoder:
+    """Stands in for the sender's H.264 encoder: each encode takes 5 ms of the rig's clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.images: list[np.ndarray] = []
+
+    def encode_packet(self, frame: av.VideoFrame) -> av.Packet:
+        self.images.append(frame.to_ndarray())
+        self.clock.now += 0.005
+        return av.Packet(b"")
+
+
+async def test_a_sent_frame_records_its_wait_for_the_slot_and_its_encode(rig: Rig) -> None:
+    rig.submit(10)
+    await rig.model.submitted(1)
+    ready_at = START + 10 / FPS + LOOKAHEAD_MS / 1000 + 0.020
+    rig.clock.now = ready_at
+    rig.model.calls[0].future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)
+    encoder = SlowEncoder(rig.clock)
+    rig.clock.now = ready_at + 0.060  # its slot came 60 ms later
+    await rig.renderer.packet_for(10, encoder)  # type: ignore[arg-type]
+    assert rig.sent == [pytest.approx(FrameSending(slot_wait=0.060, encode=0.005))]
+    assert rig.stats.added_delay().sending == {"slot_wait": 60.0, "encode": 5.0}
+    # An idle frame is encoded too, but it has no added delay to follow.
+    await rig.renderer.packet_for(11, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 2
+    assert len(rig.sent) == 1
 
 
 async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from config.settings import Settings
 from streaming.live.reporting import (
+    FrameSending,
     FrameStages,
     RecentRate,
     SessionReport,
@@ -154,6 +155,8 @@ def test_snapshot_fields() -> None:
     report.stats.frames_inferred = 200
     for ms in ((1.0, 2.0, 5.04, 2.0), (2.0, 3.0, 10.0, 5.0), (3.0, 4.0, 20.0, 3.0)):
         report.stats.record_frame(FrameStages(*(t / 1000 for t in ms)))  # 10.04, 20 and 30 ms
+    for wait_ms, encode_ms in ((60.0, 4.0), (50.0, 5.0)):  # two of them sent so far
+        report.stats.record_sending(FrameSending(wait_ms / 1000, encode_ms / 1000))
     wall.now += 12.34
     snap = _snapshot(report)
     assert snap == SessionSnapshot(
@@ -172,6 +175,7 @@ def test_snapshot_fields() -> None:
             p95=29.0,
             mean=20.0,
             stages={"features": 2.0, "prepare": 3.0, "inference": 11.7, "compose": 3.3},
+            sending={"slot_wait": 55.0, "encode": 4.5},
         ),
         queued_audio_s=1.23,
         buffered=BufferedMedia(audio_chunks=24, frames=9, inbound_audio_ms=20.0),
@@ -195,5 +199,6 @@ def test_snapshot_before_media_and_without_audio() -> None:
         p95=0.0,
         mean=0.0,
         stages={"features": 0.0, "prepare": 0.0, "inference": 0.0, "compose": 0.0},
+        sending={"slot_wait": 0.0, "encode": 0.0},
     )
     assert _snapshot(report, audio_next_index=None).av_offset_ms is None

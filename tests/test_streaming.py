@@ -23,6 +23,7 @@ from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from streaming.live.manager import SessionManager
+from streaming.webrtc.tracks import CATCH_UP_S
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller
@@ -161,7 +162,8 @@ async def test_say_audio_push_and_interrupt(
 
         async def spoke_the_text() -> bool:
             state = await _state(client, sid)
-            return state["frames_inferred"] > 10 and state["queued_audio_s"] == 0
+            sent = state["added_delay_ms"]["sending"]["encode"] > 0  # lip-synced frames out
+            return state["frames_inferred"] > 10 and state["queued_audio_s"] == 0 and sent
 
         await until(spoke_the_text, "the avatar to speak the whole text")
         # Where the added delay went: the stages account for all of it (within a frame).
@@ -169,6 +171,13 @@ async def test_say_audio_push_and_interrupt(
         assert set(added["stages"]) == {"features", "prepare", "inference", "compose"}
         assert added["mean"] > 0
         assert abs(sum(added["stages"].values()) - added["mean"]) <= 1000 / FPS
+        # Then each frame waits for its slot (one tick + the margin after its audio was
+        # complete; a track up to CATCH_UP_S late still sends it) and is encoded.
+        session = _manager(client).get(sid)
+        to_slot = added["mean"] + added["sending"]["slot_wait"]
+        budget_ms = session.delay_s * 1000 - session.lookahead_ms
+        assert budget_ms - 1 <= to_slot <= budget_ms + CATCH_UP_S * 1000
+        assert added["sending"]["encode"] > 0
 
         phrase = "this is a long sentence that keeps on going and going for quite a good while"
         pcm, [(start, end)] = speech_with_pauses(tmp_path, (phrase,), 0.1)

@@ -8,13 +8,18 @@ Two sources, two :class:`~prometheus_client.CollectorRegistry` (no global regist
   twice and nothing but snapshots is read.
 * :class:`MetricsEvents` (in the app's registry, ``app[METRICS]``) observes durations as
   they happen: it implements :class:`~inference_core.serving.events.CoreEvents` (batches
-  run, models loaded) and the sessions' ``on_frame_ready`` hook, so neither the core nor
-  the sessions import prometheus.
+  run, models loaded) and the sessions' ``on_frame_ready`` and ``on_frame_sent`` hooks,
+  so neither the core nor the sessions import prometheus.
 
-Labels are bounded: device names, fixed reasons and the four frame stages only (a frame's
-stages add up to its delay, so their ``_sum`` add up to the total's; ``docs/architecture.md``
-§8). Session ids and model ids are never labels (1,200 models would be 1,200 series per
-metric); per-model figures are in the admin JSON API.
+Labels are bounded: device names, fixed reasons and the frame stages only: the four up to
+a frame being ready (they add up to its delay, so their ``_sum`` add up to the total's;
+``docs/architecture.md`` §8), then ``slot_wait`` and ``encode`` once it is sent. Session
+ids and model ids are never labels (1,200 models would be 1,200 series per metric);
+per-model figures are in the admin JSON API.
+
+Why one module of about 400 lines: the metric table below, the event histograms and the
+snapshot collector name the same series; kept together, a metric's name, labels and
+source are checked in one place (most of the length is that table).
 
 ==========================================  =========  ===========  ====================
 metric                                      type       labels       source
@@ -25,7 +30,8 @@ lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
 lipstream_frames_dropped_total              counter    reason       sessions
 lipstream_frame_delay_seconds               histogram               on_frame_ready
-lipstream_frame_stage_seconds               histogram  stage        on_frame_ready
+lipstream_frame_stage_seconds               histogram  stage        on_frame_ready,
+                                                                    on_frame_sent
 lipstream_queue_depth                       gauge      device       scheduler
 lipstream_queue_capacity                    gauge      device       scheduler
 lipstream_frames_in_flight                  gauge      device       scheduler
@@ -81,7 +87,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from inference_core.serving.snapshot import CoreSnapshot
-from streaming.live.reporting import STAGES, FrameStages
+from streaming.live.reporting import SENDING, STAGES, FrameSending, FrameStages
 from streaming.live.snapshot import SessionsSnapshot
 from web.app_keys import CORE, METRICS, SESSIONS
 
@@ -145,7 +151,9 @@ class MetricsEvents:
             buckets=(0.001, 0.002, 0.005, *_FRAME_DELAY_BUCKETS),  # a stage may take < 1 ms
             registry=registry,
         )
-        self._stage_series = [self.frame_stage.labels(stage) for stage in STAGES]  # created at 0
+        # Created at 0; the sending stages follow a frame once ready (FrameSending).
+        self._stage_series = [self.frame_stage.labels(stage) for stage in STAGES]
+        self._sending_series = [self.frame_stage.labels(stage) for stage in SENDING]
         self.model_load = Histogram(
             "lipstream_model_load_seconds",
             "Time to open and warm up a model on a device.",
@@ -188,6 +196,10 @@ class MetricsEvents:
     def frame_ready(self, stages: FrameStages) -> None:
         self.frame_delay.observe(stages.total)
         for series, seconds in zip(self._stage_series, stages, strict=True):
+            series.observe(seconds)
+
+    def frame_sent(self, sending: FrameSending) -> None:
+        for series, seconds in zip(self._sending_series, sending, strict=True):
             series.observe(seconds)
 
 
@@ -381,6 +393,7 @@ def add_metrics_routes(app: web.Application) -> None:
         events.start_devices([device.name for device in core.devices])
         core.set_events(events)
         sessions.on_frame_ready = events.frame_ready
+        sessions.on_frame_sent = events.frame_sent
         for model in (await core.snapshot()).models:
             if model.device is not None and model.load_seconds is not None:
                 events.model_loaded(model.device, model.load_seconds)

@@ -23,7 +23,7 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
-from streaming.live.reporting import FrameStages
+from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
@@ -72,8 +72,8 @@ class SessionCounters:
 class SessionManager:
     """All live sessions of the server.
 
-    ``on_frame_ready`` is handed to every session created while it is set (an observer
-    may set it after construction): see :class:`Session`.
+    ``on_frame_ready`` and ``on_frame_sent`` are handed to every session created while
+    they are set (an observer may set them after construction): see :class:`Session`.
     """
 
     def __init__(
@@ -82,10 +82,12 @@ class SessionManager:
         core: InferenceCore,
         *,
         on_frame_ready: Callable[[FrameStages], None] | None = None,
+        on_frame_sent: Callable[[FrameSending], None] | None = None,
     ) -> None:
         self.settings = settings
         self.core = core
         self.on_frame_ready = on_frame_ready
+        self.on_frame_sent = on_frame_sent
         self.cache = BackgroundCache(settings.cache.background_cache_bytes)
         self.encoders = EncoderFactory(settings.video)
         # One thread per usable core: the jobs are short CPU work (features, crop,
@@ -199,6 +201,7 @@ class SessionManager:
             remote=remote,
             on_closed=self._forget,
             on_frame_ready=self.on_frame_ready,
+            on_frame_sent=self.on_frame_sent,
         )
         try:
             # Send only what the offer has a section for (aiortc cannot answer an extra one).

@@ -31,7 +31,7 @@ from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
 from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline
-from streaming.live.reporting import FrameStages, SessionStats
+from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
 from streaming.webrtc.tracks import SessionClock, video_frame
@@ -48,7 +48,8 @@ class FrameRenderer:
     ``on_frame_ready(stages)`` is called for every composed frame kept for its slot, with
     the time from its audio being complete to it being composed, split by stage
     (:class:`~streaming.live.reporting.FrameStages`, on ``clock``, the monotonic clock the
-    session clock also uses).
+    session clock also uses); ``on_frame_sent(sending)`` for every such frame once
+    encoded at its slot (:meth:`packet_for`).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class FrameRenderer:
         fps: int,
         lookahead_ms: float,
         on_frame_ready: Callable[[FrameStages], None] | None = None,
+        on_frame_sent: Callable[[FrameSending], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session_id = session_id
@@ -76,6 +78,8 @@ class FrameRenderer:
         self._fps = fps
         self._lookahead_s = lookahead_ms / 1000
         self._on_frame_ready = on_frame_ready
+        self._on_frame_sent = on_frame_sent
+        self._ready_at: dict[int, float] = {}  # frames kept for their slot: when ready
         self._clock = clock
         self._pending: dict[int, asyncio.Task[None]] = {}
 
@@ -129,6 +133,7 @@ class FrameRenderer:
             return
         self._stats.frames_inferred += 1
         composed_at = self._clock()
+        self._ready_at[index] = composed_at
         stages = FrameStages(
             features=begun - audio_complete,
             prepare=prepared_at - begun,
@@ -141,6 +146,7 @@ class FrameRenderer:
 
     async def frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""
+        self._ready_since(index)
         frame = self._take(index)
         if frame is not None:
             return frame
@@ -149,8 +155,28 @@ class FrameRenderer:
     async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
         """Slot ``index``'s frame (as :meth:`frame_for`) encoded by ``encoder`` into RTP
         payloads: the idle frame's fetch, the encode and the packetising are one job off
-        the loop, so a frame costs the loop one hand-off (``docs/architecture.md`` §6)."""
-        return await self._executor.run(self._encode, encoder, self._take(index), index)
+        the loop, so a frame costs the loop one hand-off (``docs/architecture.md`` §6).
+
+        A lip-synced frame's wait for its slot and its encode are recorded
+        (:class:`~streaming.live.reporting.FrameSending`)."""
+        ready_at = self._ready_since(index)
+        frame = self._take(index)
+        taken_at = self._clock()
+        packet = await self._executor.run(self._encode, encoder, frame, index)
+        if frame is not None and ready_at is not None:
+            sending = FrameSending(taken_at - ready_at, self._clock() - taken_at)
+            self._stats.record_sending(sending)
+            if self._on_frame_sent is not None:
+                self._on_frame_sent(sending)
+        return packet
+
+    def _ready_since(self, index: int) -> float | None:
+        """When slot ``index``'s frame became ready (None if it did not); forgets it and
+        every earlier slot's (skipped slots are never taken)."""
+        ready = self._ready_at
+        for earlier in [i for i in ready if i < index]:
+            del ready[earlier]
+        return ready.pop(index, None)
 
     def _take(self, index: int) -> np.ndarray | None:
         """The composed frame for slot ``index`` if ready (a frame still in flight for

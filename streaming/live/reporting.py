@@ -54,6 +54,18 @@ class FrameStages(NamedTuple):
 
 #: Where a frame's added delay goes, in order (see :class:`~streaming.live.snapshot.AddedDelay`).
 STAGES: tuple[str, ...] = FrameStages._fields
+
+
+class FrameSending(NamedTuple):
+    """A ready frame on its way out, in seconds: waiting for its send slot, then encoded
+    and packetised (see :class:`~streaming.live.snapshot.AddedDelay`)."""
+
+    slot_wait: float
+    encode: float
+
+
+#: After a frame is ready, in order.
+SENDING: tuple[str, ...] = FrameSending._fields
 _KEPT = 500  # frames whose delays are kept
 
 #: What a caller adds to :attr:`DelayBudget.server_ms`, typically. Mic → heard measured in
@@ -116,6 +128,9 @@ class SessionStats:
     stage_ms: dict[str, deque[float]] = field(
         default_factory=lambda: {stage: deque(maxlen=_KEPT) for stage in STAGES}
     )
+    sending_ms: dict[str, deque[float]] = field(
+        default_factory=lambda: {stage: deque(maxlen=_KEPT) for stage in SENDING}
+    )
 
     def drop(self, reason: str) -> None:
         self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
@@ -125,6 +140,11 @@ class SessionStats:
         for stage, seconds in zip(STAGES, stages, strict=True):
             self.stage_ms[stage].append(seconds * 1000)
         self.processing_ms.append(stages.total * 1000)
+
+    def record_sending(self, sending: FrameSending) -> None:
+        """A ready frame went out: how long it waited for its slot, and its encode."""
+        for stage, seconds in zip(SENDING, sending, strict=True):
+            self.sending_ms[stage].append(seconds * 1000)
 
     def added_delay(self) -> AddedDelay:
         """The added delay of the kept frames: p50, p95, mean and the mean per stage."""
@@ -138,6 +158,7 @@ class SessionStats:
             p95=round(p95, 1),
             mean=mean(self.processing_ms),
             stages={stage: mean(values) for stage, values in self.stage_ms.items()},
+            sending={stage: mean(values) for stage, values in self.sending_ms.items()},
         )
 
     def processing_percentiles(self) -> tuple[float, float]:

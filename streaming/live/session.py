@@ -43,6 +43,7 @@ from streaming.frame_pipeline import FramePipeline
 from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer
 from streaming.live.reporting import (
+    FrameSending,
     FrameStages,
     SessionReport,
     delay_budget,
@@ -79,7 +80,9 @@ class Session:
 
     ``on_closed`` is called once the session ended; ``on_frame_ready(stages)`` for every
     inferred frame, with the time from its audio being complete to it being composed,
-    split by stage (:class:`~streaming.live.reporting.FrameStages`).
+    split by stage (:class:`~streaming.live.reporting.FrameStages`); ``on_frame_sent``
+    for every lip-synced frame handed to aiortc encoded, with its wait for its slot and
+    its encode (:class:`~streaming.live.reporting.FrameSending`).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class Session:
         remote: str | None = None,
         on_closed: Callable[[Session], None] | None = None,
         on_frame_ready: Callable[[FrameStages], None] | None = None,
+        on_frame_sent: Callable[[FrameSending], None] | None = None,
     ) -> None:
         package = model.package
         spec = package.manifest.adapter
@@ -138,6 +142,7 @@ class Session:
             fps=self.fps,
             lookahead_ms=self.lookahead_ms,
             on_frame_ready=on_frame_ready,
+            on_frame_sent=on_frame_sent,
         )
         self._timeline = AudioTimeline(
             self._mixer,
@@ -337,7 +342,7 @@ class Session:
             "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
             "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
             "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f "
-            "added_delay_stages_ms=%s",
+            "added_delay_stages_ms=%s sending_ms=%s",
             self.session_id,
             self.avatar_id,
             reason,
@@ -351,6 +356,7 @@ class Session:
             added.p50,
             added.p95,
             added.stages,
+            added.sending,
         )
         if self._on_closed is not None:
             self._on_closed(self)

@@ -24,12 +24,19 @@ class AddedDelay:
     ``features`` (the tick that completes the frame's audio, its features, the hand-off
     to the render task), ``prepare`` (crop and model input), ``inference`` (waiting for
     a batch and running it) and ``compose`` (the face pasted into the frame).
+
+    ``sending`` (means, ms) follows a frame from ready to out: ``slot_wait`` (ready → its
+    send slot: the part of the margin it did not need) and ``encode`` (its slot → its RTP
+    payloads handed to aiortc: the H.264 encode and packetising, waiting for a worker
+    included). For a frame sent in its slot, ``stages`` + ``slot_wait`` = one tick +
+    ``session.pipeline_margin_ms`` (``docs/architecture.md`` §8).
     """
 
     p50: float
     p95: float
     mean: float
     stages: dict[str, float]
+    sending: dict[str, float]
 
 
 @dataclass(frozen=True)

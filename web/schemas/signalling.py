@@ -157,6 +157,12 @@ class AddedDelay(ResponseModel):
         "audio tick, features and hand-off), `prepare`, `inference` (batch wait and run), "
         "`compose`."
     )
+    sending: dict[str, float] = Field(
+        description="Then, means over the last 500 frames sent lip-synced: `slot_wait` (ready "
+        "→ its send slot; with the stages, one 20 ms tick + `session.pipeline_margin_ms` for a "
+        "frame sent in its slot) and `encode` (its slot → its H.264 RTP payloads handed to "
+        "the WebRTC sender, on top of the configured delay)."
+    )
 
 
 class BufferedMedia(ResponseModel):
