@@ -165,7 +165,7 @@ def stage_cpu() -> Iterator[defaultdict[str, float]]:
     cost: defaultdict[str, float] = defaultdict(float)
     patched = (
         (ArrivalOrderAudioBuffer, "_decode", "caller's Opus decode"),
-        (AudioTimeline, "_process_chunk", "audio: resample + features + Opus"),
+        (AudioTimeline, "_process_chunks", "audio: resample + features + Opus"),
         (FramePipeline, "prepare", "crop + model input"),
         (LoadedModel, "run_batch", "lip-sync model (batched)"),
         (FramePipeline, "compose", "paste-back"),

@@ -16,7 +16,7 @@ from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.stream import AudioFeatureStream, FrameAudio, lookahead_ms
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
-from streaming.live.timeline import AudioTimeline, chunk_due
+from streaming.live.timeline import MAX_CHUNKS_PER_JOB, AudioTimeline, chunk_due
 from streaming.webrtc.tracks import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE, SILENCE
 
 FPS = 25
@@ -67,6 +67,7 @@ class InlineExecutor(Executor):
 
     def __init__(self) -> None:
         self.before_next: Callable[[], object] | None = None
+        self.jobs = 0
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if self.before_next is not None:
@@ -78,6 +79,7 @@ class InlineExecutor(Executor):
 
     def run(self, fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
         """The :class:`~streaming.live.workers.Offload` path: the same job, inline."""
+        self.jobs += 1
         done = asyncio.get_running_loop().create_future()
         done.set_result(self.submit(fn, *args).result())
         return done
@@ -162,14 +164,28 @@ async def test_one_chunk_per_tick_at_its_due_time(rig: Rig) -> None:
 
 async def test_a_late_tick_catches_up_without_building_delay(rig: Rig) -> None:
     await rig.run_to(1)
-    # The loop stalls for 180 ms: chunks 1..9 are due by then and made at once.
+    jobs = rig.executor.jobs
+    # The loop stalls for 180 ms: chunks 1..9 are due by then and made at once, in one
+    # job (one round trip to the workers, however many chunks it takes to catch up).
     await rig.time.advance_to(chunk_due(START, 9))
     assert rig.timeline.chunks_made == 10
+    assert rig.executor.jobs == jobs + 1
     assert len(rig.time.sleeps) == 3  # no sleep between the chunks that were due
+    for index in range(10):  # each one made, in order, for its own slot
+        assert rig.buffers.take_chunk(index).pts == index * CHUNK_SAMPLES
     # The next chunk waits for its own due time, not 20 ms from the late one.
     await rig.time.advance_to(chunk_due(START, 10) + 0.005)
     assert rig.timeline.chunks_made == 11
     assert rig.time.sleeps[-1] == pytest.approx(AUDIO_CHUNK_S - 0.005)
+
+
+async def test_a_long_stall_is_caught_up_in_jobs_of_at_most_25_chunks(rig: Rig) -> None:
+    await rig.run_to(1)
+    jobs = rig.executor.jobs
+    await rig.time.advance_to(chunk_due(START, 60))  # 1.2 s behind
+    assert rig.timeline.chunks_made == 61
+    assert rig.executor.jobs == jobs + 3  # 25 + 25 + 10
+    assert MAX_CHUNKS_PER_JOB == 25
 
 
 async def test_loud_frames_are_rendered_and_quiet_ones_are_not(rig: Rig) -> None:

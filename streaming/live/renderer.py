@@ -10,7 +10,8 @@ that has none. At most :data:`MAX_FRAMES_IN_FLIGHT` frames are in flight.
 
 A frame not sent with its face is counted in ``SessionStats.frames_dropped`` by reason:
 ``overload`` (too many in flight, never started), ``late`` (composed after its slot was
-sent), ``not_ready`` (its slot came while it was in flight), or the class name of the
+sent, or its features came after its inference deadline, so it was not started),
+``not_ready`` (its slot came while it was in flight), or the class name of the
 :class:`~inference_core.exceptions.InferenceError` that stopped it (a missed deadline, a
 full queue, a core shutting down).
 """
@@ -113,6 +114,9 @@ class FrameRenderer:
         audio_complete = start + index / self._fps + self._lookahead_s
         pipeline = self._pipeline
         begun = self._clock()
+        if begun > send_at - COMPOSE_S:  # its features came too late: no work for nothing
+            self._stats.drop("late")
+            return
         try:
             prepared = await self._executor.run(pipeline.prepare, step)
             prepared_at = self._clock()

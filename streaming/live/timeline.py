@@ -9,9 +9,15 @@ sends it a session delay later (§8); every video frame whose features it comple
 through the speech gate (:class:`~compositor.sequencer.FrameSequencer`), and the frames
 to infer go on to the render tasks.
 
-Due times are absolute (:func:`chunk_due`): a tick that ran late (a busy loop, a slow
-executor) is followed at once by the ticks already due, so lateness never builds up into
-delay. An interrupt silences what the caller has not heard yet: the queued audio, the
+Due times are absolute (:func:`chunk_due`), and every chunk already due when the
+timeline wakes is made in the same job (up to :data:`MAX_CHUNKS_PER_JOB`): a timeline
+that fell behind (a busy loop, a stall, a worker queue slower than 20 ms for a while)
+catches up in one round trip to the workers. Made one job per chunk, a round trip longer
+than a tick would leave it further behind at every tick, for good: frames reached
+inference seconds after their deadlines and none was lip-synced again (measured with 4
+live 720p calls on the 2-core development VM, ``docs/benchmarks.md`` §8).
+
+An interrupt silences what the caller has not heard yet: the queued audio, the
 packets being made (the encoder is replaced: the old one holds speech in its look-ahead)
 and the frames whose features may hold that audio.
 """
@@ -35,6 +41,8 @@ from streaming.live.workers import Offload
 from streaming.webrtc.tracks import AUDIO_CHUNK_S, OUT_RATE, SILENCE, OpusChunkEncoder, stamped
 
 FEATURE_RATE = 16_000
+#: The most chunks (of 20 ms) one job makes when the timeline catches up.
+MAX_CHUNKS_PER_JOB = 25
 
 
 def chunk_due(start: float, index: int) -> float:
@@ -93,27 +101,35 @@ class AudioTimeline:
     async def run(self, start: float) -> None:
         """Make every chunk when it is due, ``start`` being the session clock's start."""
         while True:
-            wait = chunk_due(start, self._chunks_made) - self._clock()
+            first = self._chunks_made
+            wait = chunk_due(start, first) - self._clock()
             if wait > 0:
                 await self._sleep(wait)
-            chunk = self._mixer.next_chunk()
-            index = self._chunks_made
-            self._chunks_made += 1
+            # (+1 µs: chunk_due's float sums must not round a due chunk out)
+            late_s = self._clock() - chunk_due(start, first) + 1e-6
+            late_chunks = int(late_s / AUDIO_CHUNK_S)
+            due = min(MAX_CHUNKS_PER_JOB, 1 + max(0, late_chunks))
+            chunks = [self._mixer.next_chunk() for _ in range(due)]
+            self._chunks_made += due
             interrupts = self._interrupts
-            packet, ready = await self._executor.run(self._process_chunk, self._opus, chunk, index)
-            # An interrupt while the chunk was being encoded silences it too.
-            self._buffers.put_chunk(
-                index, packet if interrupts == self._interrupts else stamped(SILENCE, index)
-            )
-            for item in ready:
-                self._on_features(item)
+            made = await self._executor.run(self._process_chunks, self._opus, chunks, first)
+            # An interrupt while the chunks were being encoded silences them too.
+            for index, (packet, _) in enumerate(made, first):
+                self._buffers.put_chunk(
+                    index, packet if interrupts == self._interrupts else stamped(SILENCE, index)
+                )
+            for _, ready in made:
+                for item in ready:
+                    self._on_features(item)
 
-    def _process_chunk(
-        self, opus: OpusChunkEncoder, chunk: np.ndarray, index: int
-    ) -> tuple[av.Packet[Any], list[FrameAudio]]:
-        """Off the loop: the chunk's Opus packet, and the features it completes (16 kHz)."""
-        packet = opus.encode(chunk, index)
-        return packet, self._features.push(self._to_features.push(chunk))
+    def _process_chunks(
+        self, opus: OpusChunkEncoder, chunks: list[np.ndarray], first: int
+    ) -> list[tuple[av.Packet[Any], list[FrameAudio]]]:
+        """Off the loop: each chunk's Opus packet, and the features it completes (16 kHz)."""
+        return [
+            (opus.encode(chunk, index), self._features.push(self._to_features.push(chunk)))
+            for index, chunk in enumerate(chunks, first)
+        ]
 
     def _on_features(self, item: FrameAudio) -> None:
         level = item.level_db if item.index > self._silent_until else SILENCE_DB
