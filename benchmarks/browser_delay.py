@@ -497,15 +497,19 @@ async def _hog(seconds: float) -> tuple[float, float]:
 
 
 async def record(
-    root: Path, calls: int, quiet_s: float, after_s: float
+    root: Path,
+    calls: int,
+    quiet_s: float,
+    after_s: float,
+    settings: dict[str, object] | None = None,
 ) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """Run ``calls`` calls with the hog after ``quiet_s``; each page's probe and the hog's
-    span (``time.time()``)."""
+    span (``time.time()``). ``settings`` override the server's defaults."""
     mic = write_bursts(root / f"bursts_{calls}.wav")
     avatar = ensure_demo_avatar(root / "data")  # where live_server's settings look
     frame_size = json.loads((avatar / "avatar.json").read_text())["frame_size"]
     args = {"avatar": "demo", "box": mouth_box(avatar), "frameSize": frame_size}
-    async with live_server(root) as (app, url), caller_pages(mic, calls) as pages:
+    async with live_server(root, settings) as (app, url), caller_pages(mic, calls) as pages:
         for page in pages:
             await page.goto(url + "/")
         sessions = await asyncio.gather(*(page.evaluate(PAGE_SCRIPT, args) for page in pages))
@@ -655,3 +659,50 @@ def run(
         },
         "targets": [t.as_json() for t in targets],
     }
+
+
+#: ``audio.right_context`` values the lower-delay sweep calls with (7 is the default).
+RIGHT_CONTEXTS = (7, 5, 3, 1)
+
+
+def right_context_sweep(quiet_s: float = 20.0) -> Result:
+    """Mic → heard for one quiet call per ``audio.right_context`` in :data:`RIGHT_CONTEXTS`:
+    the measured end-to-end figure of each lower-delay setting (README, docs/benchmarks.md)."""
+    if not CHROMIUM.exists():
+        raise SystemExit(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    rows: list[list[object]] = []
+    results: Result = {}
+    for right_context in RIGHT_CONTEXTS:
+        settings: dict[str, object] = {"audio": {"right_context": right_context}}
+        with tempfile.TemporaryDirectory() as tmp:
+            probes, hog = asyncio.run(record(Path(tmp), 1, quiet_s, 1.0, settings))
+        summary = Summary.of(1, [analyse_call(probe, hog) for probe in probes])
+        delays = [d for d in summary.delays_ms("quiet") if not math.isinf(d)]
+        lost = len(summary.quiet) - len(delays)
+        p50 = statistics.median(delays) if delays else math.nan
+        rows.append(
+            [
+                right_context,
+                summary.configured_ms,
+                len(delays),
+                lost,
+                p50,
+                p50 - summary.configured_ms,
+            ]
+        )
+        results[str(right_context)] = {"configured_ms": summary.configured_ms, "p50_ms": p50}
+    print_table(
+        "Mic → heard by audio.right_context, 1 quiet call in Chromium (ms)",
+        ["right_context", "configured", "bursts", "lost", "p50", "p50 - configured"],
+        rows,
+    )
+    return results
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--right-context" in sys.argv:
+        right_context_sweep()
+    else:
+        run(quick="--quick" in sys.argv)
