@@ -41,9 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Result, Target, print_table, print_targets
-from benchmarks.live_server import cpu_seconds, live_server, write_speech
+from benchmarks.live_server import (
+    client_result,
+    cpu_seconds,
+    live_server,
+    start_load,
+    wait_for_calls,
+    write_speech,
+)
 from inference_core.assets.demo_avatar import write_demo_avatar
-from web.app_keys import SESSIONS
 
 SIZE = (1280, 720)
 CALLS = (1, 4)
@@ -195,22 +201,10 @@ def stage_cpu() -> Iterator[defaultdict[str, float]]:
 async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
     speech = write_speech(root / "speech.wav", seconds + 15)
     async with live_server(root) as (app, url):
-        client = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.webrtc_load",
-            *("--url", url, "--calls", str(calls), "--seconds", str(seconds)),
-            *("--speech", str(speech), "--avatar", "demo", "--microphone"),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        manager = app[SESSIONS]
-        async with asyncio.timeout(60):
-            while len(manager.sessions) < calls or any(  # noqa: ASYNC110 - polls the manager
-                s.video.frames_sent == 0 for s in manager.sessions
-            ):
-                await asyncio.sleep(0.1)
+        load = start_load(url, calls=calls, seconds=seconds, speech=speech, microphone=True)
+        client = await load
+        sessions = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
         await asyncio.sleep(2.0)  # every call speaking, caches warm
-        sessions = list(manager.sessions)
         sent0 = sum(s.video.frames_sent for s in sessions)
         inferred0 = sum(s.stats.frames_inferred for s in sessions)
         with stage_cpu() as cost:
@@ -220,7 +214,8 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
             stages = dict(cost)
         sent = sum(s.video.frames_sent for s in sessions) - sent0
         inferred = sum(s.stats.frames_inferred for s in sessions) - inferred0
-        await client.communicate()
+        out, _ = await client.communicate()
+        client_result(out, client.returncode)
     return {
         "calls": calls,
         "window_s": window,

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,38 +95,61 @@ async def live_server(
             await runner.cleanup()
 
 
+async def start_load(
+    url: str,
+    *,
+    calls: int,
+    seconds: float,
+    speech: Path,
+    avatar: str = "demo",
+    microphone: bool = False,
+) -> asyncio.subprocess.Process:
+    """Start the load client (``benchmarks.webrtc_load``): ``calls`` calls speaking
+    ``speech``, pushed over HTTP or (``microphone``) as each call's microphone."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "benchmarks.webrtc_load",
+        *("--url", url, "--calls", str(calls), "--seconds", str(seconds)),
+        *("--speech", str(speech), "--avatar", avatar),
+        *(("--microphone",) if microphone else ()),
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def wait_for_calls(
+    app: web.Application, calls: int, started: Callable[[Session], bool]
+) -> list[Session]:
+    """The sessions, once ``calls`` of them are live and each is ``started`` (60 s at most)."""
+    manager: SessionManager = app[SESSIONS]
+    async with asyncio.timeout(60):
+        while len(manager.sessions) < calls or not all(  # noqa: ASYNC110 - polls the manager
+            started(s) for s in manager.sessions
+        ):
+            await asyncio.sleep(0.1)
+    return list(manager.sessions)
+
+
+def client_result(out: bytes, returncode: int | None) -> dict[str, Any]:
+    """The load client's JSON line, or an error naming its exit status."""
+    if returncode != 0:
+        raise RuntimeError(f"load client failed (exit {returncode})")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
 async def load_run(
     app: web.Application, url: str, *, calls: int, seconds: float, speech: Path, avatar: str
 ) -> LiveRun:
     """Run ``calls`` speaking calls from a client process; collect server-side figures."""
-    client = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "benchmarks.webrtc_load",
-        "--url",
-        url,
-        "--calls",
-        str(calls),
-        "--seconds",
-        str(seconds),
-        "--speech",
-        str(speech),
-        "--avatar",
-        avatar,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    manager: SessionManager = app[SESSIONS]
+    client = await start_load(url, calls=calls, seconds=seconds, speech=speech, avatar=avatar)
     result = LiveRun()
     seen: dict[str, Session] = {}
     # Wait until every call sends frames and speaks, then reset the stats: from here on
     # the window is steady speech.
-    async with asyncio.timeout(60):
-        while len(manager.sessions) < calls or any(  # noqa: ASYNC110 - polls the manager
-            s.video.frames_sent == 0 for s in manager.sessions
-        ):
-            await asyncio.sleep(0.1)
+    live = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
     await asyncio.sleep(1.5)
-    for session in manager.sessions:
+    for session in live:
         seen[session.session_id] = session
         session.stats.processing_ms.clear()
         session.stats.frames_dropped.clear()
@@ -139,7 +162,5 @@ async def load_run(
         result.dropped[sid] = dict(session.stats.frames_dropped)
         result.delay_ms, result.lookahead_ms = session.delay_s * 1000, session.lookahead_ms
     out, _ = await client.communicate()
-    if client.returncode != 0:
-        raise RuntimeError(f"load client failed (exit {client.returncode})")
-    result.client = json.loads(out.decode().strip().splitlines()[-1])
+    result.client = client_result(out, client.returncode)
     return result

@@ -22,7 +22,6 @@ suggested margin is the smallest tried that reaches 99%. Not a test.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +30,13 @@ from typing import Any
 from aiohttp import web
 
 from benchmarks.common import Result, Target, print_table, print_targets
-from benchmarks.live_server import live_server, write_speech
+from benchmarks.live_server import (
+    client_result,
+    live_server,
+    start_load,
+    wait_for_calls,
+    write_speech,
+)
 from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from streaming.live.admission import (
@@ -41,7 +46,7 @@ from streaming.live.admission import (
     cpu_ms_per_frame,
     refusal,
 )
-from web.app_keys import CORE, SESSIONS
+from web.app_keys import CORE
 
 MARGINS_MS = (20.0, 40.0, 60.0, 80.0, 120.0)
 TARGET_SHARE = 0.99
@@ -74,22 +79,10 @@ async def _window(
     speech = write_speech(root / "speech.wav", seconds + 15)
     settings: dict[str, object] = {"session": {"pipeline_margin_ms": margin_ms}}
     async with live_server(root, settings) as (app, url):
-        client = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.webrtc_load",
-            *("--url", url, "--calls", str(calls), "--seconds", str(seconds)),
-            *("--speech", str(speech), "--avatar", "demo", "--microphone"),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        manager = app[SESSIONS]
-        async with asyncio.timeout(60):
-            while len(manager.sessions) < calls or any(  # noqa: ASYNC110 - polls the manager
-                s.stats.frames_inferred == 0 for s in manager.sessions
-            ):
-                await asyncio.sleep(0.1)
+        load = start_load(url, calls=calls, seconds=seconds, speech=speech, microphone=True)
+        client = await load
+        sessions = await wait_for_calls(app, calls, lambda s: s.stats.frames_inferred > 0)
         await asyncio.sleep(1.0)
-        sessions = list(manager.sessions)
         before = [(s.stats.frames_inferred, sum(s.stats.frames_dropped.values())) for s in sessions]
         await asyncio.sleep(seconds * 0.7)
         inferred = sum(s.stats.frames_inferred for s in sessions) - sum(b[0] for b in before)
@@ -99,7 +92,7 @@ async def _window(
         if admit is not None:
             admit.append(admitted_calls(app))
         out, _ = await client.communicate()
-        fps = json.loads(out.decode().strip().splitlines()[-1])["fps"]
+        fps = client_result(out, client.returncode)["fps"]
     wanted = inferred + dropped
     return {
         "margin_ms": margin_ms,

@@ -377,6 +377,21 @@ def peer() -> RTCPeerConnection:
     return RTCPeerConnection(RTCConfiguration(iceServers=[]))
 
 
+async def answer_with_h264(
+    server: RTCPeerConnection, client: RTCPeerConnection, track: MediaStreamTrack
+) -> tuple[RTCRtpSender, RTCRtpCodecParameters]:
+    """The server's side as a session does it: addTrack, prefer H.264, then answer the
+    client's offer. Returns the sender and the codec it negotiated."""
+    sender = server.addTrack(track)
+    transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
+    assert prefer_h264(transceiver)
+    await server.setRemoteDescription(client.localDescription)
+    await server.setLocalDescription(await server.createAnswer())
+    codec = negotiated_codec(transceiver)
+    assert codec is not None
+    return sender, codec
+
+
 @pytest.mark.usefixtures("loopback")
 async def test_aiortc_sends_h264_with_our_encoder() -> None:
     server, client = peer(), peer()
@@ -386,14 +401,7 @@ async def test_aiortc_sends_h264_with_our_encoder() -> None:
         client_transceiver = client.addTransceiver("video", direction="recvonly")
         await client.setLocalDescription(await client.createOffer())
 
-        # Server, as the session will do it: addTrack, prefer H.264, then the offer.
-        sender = server.addTrack(PatternTrack())
-        transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
-        assert prefer_h264(transceiver)
-        await server.setRemoteDescription(client.localDescription)
-        await server.setLocalDescription(await server.createAnswer())
-        codec = negotiated_codec(transceiver)
-        assert codec is not None
+        sender, codec = await answer_with_h264(server, client, PatternTrack())
         assert codec.mimeType == "video/H264"
         config = EncoderConfig.from_settings(
             VideoSettings(preset="ultrafast"), WIDTH, HEIGHT, codec_name="libx264"
@@ -519,13 +527,7 @@ async def test_aiortc_sends_packets_we_encoded_and_a_pli_reaches_our_encoder() -
         client.addTransceiver("video", direction="recvonly")
         await client.setLocalDescription(await client.createOffer())
         track = EncodedTrack()
-        sender = server.addTrack(track)
-        transceiver = next(t for t in server.getTransceivers() if t.sender is sender)
-        assert prefer_h264(transceiver)
-        await server.setRemoteDescription(client.localDescription)
-        await server.setLocalDescription(await server.createAnswer())
-        codec = negotiated_codec(transceiver)
-        assert codec is not None
+        sender, codec = await answer_with_h264(server, client, track)
         track.encoder = encoder(VideoSettings(preset="ultrafast", keyframe_interval_s=10.0))
         assert install_encoder(sender, track.encoder, codec)
         await client.setRemoteDescription(server.localDescription)
