@@ -220,7 +220,7 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
         "calls": calls,
         "window_s": window,
         "frames_sent": sent,
-        "lip_synced": inferred / sent if sent else 0.0,
+        "inferred_share": inferred / sent if sent else 0.0,
         "server_cores": cpu / window,
         "live_ms": cpu * 1000 / sent,
         "stages_ms": {k: v * 1000 / sent for k, v in stages.items()},
@@ -249,7 +249,7 @@ def run(quick: bool = False) -> Result:
             [
                 r["calls"],
                 r["frames_sent"],
-                f"{100 * r['lip_synced']:.0f}%",
+                f"{100 * r['inferred_share']:.0f}%",
                 r["server_cores"],
                 r["live_ms"],
                 staged,
@@ -263,7 +263,7 @@ def run(quick: bool = False) -> Result:
         [
             "calls",
             "frames",
-            "lip-synced",
+            "inferred / sent",
             "server cores",
             "live",
             "live stages",
