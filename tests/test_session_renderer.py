@@ -117,7 +117,8 @@ class Rig:
         count = len(self.frames)
         step = FrameStep(output_index=index, avatar_index=bounce_index(index, count), alpha=1.0)
         features = np.zeros((1, 80, 16), dtype=np.float32)
-        self.renderer.submit(step, FrameAudio(index, features, level_db=-10.0))
+        item = FrameAudio(index, features, level_db=-10.0)
+        self.renderer.submit(step, item, self.renderer.start(step, item))
 
     def idle_frame(self, index: int) -> np.ndarray:
         return self.frames.get(bounce_index(index, len(self.frames)))
@@ -171,6 +172,21 @@ async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
 
     assert not np.array_equal(frame, rig.idle_frame(10))  # the face is in it
     assert rig.stats.frames_dropped == {}
+
+
+async def test_a_frame_past_its_deadline_costs_no_crop_and_counts_late(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crops: list[FrameStep] = []
+    pipeline = rig.renderer._pipeline
+    monkeypatch.setattr(pipeline, "prepare", crops.append)
+    send_at = START + DELAY_S + 10 / FPS
+    rig.clock.now = send_at - COMPOSE_S + 0.001  # its features came after its deadline
+    rig.submit(10)
+    assert not crops
+    assert not rig.renderer.in_flight
+    assert not rig.model.calls
+    assert rig.stats.frames_dropped == {"late": 1}
 
 
 async def test_a_frames_added_delay_is_split_into_stages_that_add_up(rig: Rig) -> None:

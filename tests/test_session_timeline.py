@@ -68,6 +68,7 @@ class InlineExecutor(Executor):
     def __init__(self) -> None:
         self.before_next: Callable[[], object] | None = None
         self.jobs = 0
+        self.in_job = False  # a job is running (on a worker, in production)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if self.before_next is not None:
@@ -81,7 +82,11 @@ class InlineExecutor(Executor):
         """The :class:`~streaming.live.workers.Offload` path: the same job, inline."""
         self.jobs += 1
         done = asyncio.get_running_loop().create_future()
-        done.set_result(self.submit(fn, *args).result())
+        self.in_job = True
+        try:
+            done.set_result(self.submit(fn, *args).result())
+        finally:
+            self.in_job = False
         return done
 
 
@@ -110,8 +115,13 @@ async def rig() -> AsyncIterator[Rig]:
     inferred: list[FrameStep] = []
     voiced: list[float] = []
 
-    def on_frame(step: FrameStep, item: FrameAudio) -> None:
+    def start(step: FrameStep, item: FrameAudio) -> int:
+        assert executor.in_job  # the renderer crops here: off the loop, in the chunk's job
+        return item.index
+
+    def on_frame(step: FrameStep, item: FrameAudio, started: int | None) -> None:
         assert step.output_index == item.index
+        assert started == item.index  # what start() returned for this frame
         inferred.append(step)
 
     timeline = AudioTimeline(
@@ -124,6 +134,7 @@ async def rig() -> AsyncIterator[Rig]:
         fps=FPS,
         lookahead_ms=LOOKAHEAD_MS,
         vad_threshold_db=THRESHOLD_DB,
+        start=start,
         on_frame=on_frame,
         on_voice=lambda: voiced.append(time.now),
         clock=time.clock,

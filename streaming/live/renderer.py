@@ -22,6 +22,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import av
@@ -31,7 +32,7 @@ from compositor.sequencer import FrameStep, bounce_index
 from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
 from inference_core.serving.handle import ModelHandle
-from streaming.frame_pipeline import FramePipeline
+from streaming.frame_pipeline import FramePipeline, PreparedFrame
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
@@ -39,6 +40,17 @@ from streaming.webrtc.tracks import SessionClock, video_frame
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 MAX_FRAMES_IN_FLIGHT = 8
+
+
+@dataclass(frozen=True)
+class Started:
+    """A frame cropped and its model input built (:meth:`FrameRenderer.start`), and how
+    long that took."""
+
+    prepared: PreparedFrame
+    prepare_s: float
+
+
 # Leave the compositing a little time before the frame is sent.
 COMPOSE_S = 0.008
 
@@ -89,12 +101,27 @@ class FrameRenderer:
         """The render tasks not finished yet (the session awaits them when it closes)."""
         return self._pending.values()
 
-    def submit(self, step: FrameStep, item: FrameAudio) -> None:
-        """Start rendering frame ``item.index``: ``step`` says on which avatar frame, how much."""
+    def start(self, step: FrameStep, item: FrameAudio) -> Started | None:
+        """Off the loop, in the job that completed the frame's features: its crop and model
+        input, or None when it can no longer make its inference deadline (no work for
+        nothing). One thread hand-off less per frame than a job of its own."""
+        send_at = self._schedule.due(item.index / self._fps)
+        begun = self._clock()
+        if begun > send_at - COMPOSE_S:
+            return None
+        prepared = self._pipeline.prepare(step)
+        return Started(prepared, self._clock() - begun)
+
+    def submit(self, step: FrameStep, item: FrameAudio, started: Started | None) -> None:
+        """Render frame ``item.index`` (``step`` says on which avatar frame, how much),
+        started by :meth:`start`: inference, then compositing."""
+        if started is None:  # its features came after its deadline
+            self._stats.drop("late")
+            return
         if len(self._pending) >= MAX_FRAMES_IN_FLIGHT:
             self._stats.drop("overload")
             return
-        task = asyncio.create_task(self._render(step, item), name=f"frame-{item.index}")
+        task = asyncio.create_task(self._render(item, started), name=f"frame-{item.index}")
         self._pending[item.index] = task
         task.add_done_callback(functools.partial(self._forget, item.index))
 
@@ -106,20 +133,19 @@ class FrameRenderer:
     def _forget(self, index: int, _task: asyncio.Task[None]) -> None:
         self._pending.pop(index, None)
 
-    async def _render(self, step: FrameStep, item: FrameAudio) -> None:
-        """Prepare, infer (with the frame's deadline) and compose one frame."""
+    async def _render(self, item: FrameAudio, started: Started) -> None:
+        """Infer (with the frame's deadline) and compose one started frame."""
         index = item.index
         start = self._schedule.started()
         send_at = self._schedule.due(index / self._fps)
         audio_complete = start + index / self._fps + self._lookahead_s
         pipeline = self._pipeline
-        begun = self._clock()
-        if begun > send_at - COMPOSE_S:  # its features came too late: no work for nothing
-            self._stats.drop("late")
-            return
+        prepared = started.prepared
+        prepared_at = self._clock()
+        # The crop ran at the end of the features job; the rest of the way here is the
+        # features' stage (the job, its hand-back, this task's start).
+        begun = prepared_at - started.prepare_s
         try:
-            prepared = await self._executor.run(pipeline.prepare, step)
-            prepared_at = self._clock()
             future = self._model.submit(
                 prepared.visual,  # type: ignore[arg-type]
                 item.features,

@@ -163,6 +163,7 @@ class Session:
             fps=self.fps,
             lookahead_ms=self.lookahead_ms,
             vad_threshold_db=settings.audio.vad_threshold_db,
+            start=self._renderer.start,
             on_frame=self._renderer.submit,
             on_voice=self._activity.heard,
         )

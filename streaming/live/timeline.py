@@ -27,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import av
 import numpy as np
@@ -41,6 +42,20 @@ from streaming.live.workers import Offload
 from streaming.webrtc.tracks import AUDIO_CHUNK_S, OUT_RATE, SILENCE, OpusChunkEncoder, stamped
 
 FEATURE_RATE = 16_000
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Frame(Generic[T]):
+    """A frame whose features a job completed: its step, whether it was voiced, and
+    (for a frame to infer) what ``start`` returned."""
+
+    item: FrameAudio
+    step: FrameStep
+    voiced: bool
+    started: T | None
+
+
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
 MAX_CHUNKS_PER_JOB = 25
 
@@ -51,12 +66,16 @@ def chunk_due(start: float, index: int) -> float:
     return start + (index + 1) * AUDIO_CHUNK_S
 
 
-class AudioTimeline:
+class AudioTimeline(Generic[T]):
     """Makes a session's chunks from its mixer, each when it is due.
 
-    ``on_frame(step, item)`` gets every frame the speech gate wants inferred; ``on_voice()``
-    is called for every frame at or above ``vad_threshold_db`` (the caller is speaking).
+    Every frame the speech gate wants inferred starts in the job that completes its
+    features: ``start(step, item)`` runs there, off the loop (the renderer crops the
+    avatar frame and builds the model input, ``docs/architecture.md`` §7), and
+    ``on_frame(step, item, started)`` gets its result back on the loop. ``on_voice()`` is
+    called for every frame at or above ``vad_threshold_db`` (the caller is speaking).
     ``clock`` and ``sleep`` pace :meth:`run` (the monotonic clock of the session clock).
+    The speech gate (``sequencer``) is stepped in the jobs only, one job at a time.
     """
 
     def __init__(
@@ -70,7 +89,8 @@ class AudioTimeline:
         fps: int,
         lookahead_ms: float,
         vad_threshold_db: float,
-        on_frame: Callable[[FrameStep, FrameAudio], None],
+        start: Callable[[FrameStep, FrameAudio], T | None],
+        on_frame: Callable[[FrameStep, FrameAudio, T | None], None],
         on_voice: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -83,8 +103,10 @@ class AudioTimeline:
         self._fps = fps
         self._lookahead_ms = lookahead_ms
         self._vad_threshold_db = vad_threshold_db
+        self._start = start
         self._on_frame = on_frame
         self._on_voice = on_voice
+        self._reset_gate = False  # an interrupt asked; the next job resets the sequencer
         self._clock = clock
         self._sleep = sleep
         self._to_features = MonoResampler(OUT_RATE, FEATURE_RATE)
@@ -113,31 +135,39 @@ class AudioTimeline:
             self._chunks_made += due
             interrupts = self._interrupts
             made = await self._executor.run(self._process_chunks, self._opus, chunks, first)
-            # An interrupt while the chunks were being encoded silences them too.
+            # An interrupt while the chunks were being made silences them, and cancels
+            # the frames they started (their features may hold the dropped audio).
+            cut = interrupts != self._interrupts
             for index, (packet, _) in enumerate(made, first):
-                self._buffers.put_chunk(
-                    index, packet if interrupts == self._interrupts else stamped(SILENCE, index)
-                )
-            for _, ready in made:
-                for item in ready:
-                    self._on_features(item)
+                self._buffers.put_chunk(index, stamped(SILENCE, index) if cut else packet)
+            if cut:
+                continue
+            for _, frames in made:
+                for frame in frames:
+                    if frame.voiced:
+                        self._on_voice()
+                    if frame.step.infer:  # else the video track shows the raw frame itself
+                        self._on_frame(frame.step, frame.item, frame.started)
 
     def _process_chunks(
         self, opus: OpusChunkEncoder, chunks: list[np.ndarray], first: int
-    ) -> list[tuple[av.Packet[Any], list[FrameAudio]]]:
-        """Off the loop: each chunk's Opus packet, and the features it completes (16 kHz)."""
-        return [
-            (opus.encode(chunk, index), self._features.push(self._to_features.push(chunk)))
-            for index, chunk in enumerate(chunks, first)
-        ]
-
-    def _on_features(self, item: FrameAudio) -> None:
-        level = item.level_db if item.index > self._silent_until else SILENCE_DB
-        if level >= self._vad_threshold_db:
-            self._on_voice()
-        step = self._sequencer.step(level)
-        if step.infer:  # else the video track shows the raw frame itself
-            self._on_frame(step, item)
+    ) -> list[tuple[av.Packet[Any], list[_Frame[T]]]]:
+        """Off the loop: each chunk's Opus packet, and the frames its features complete
+        (16 kHz) through the speech gate, each frame to infer started."""
+        if self._reset_gate:
+            self._reset_gate = False
+            self._sequencer.reset()
+        made = []
+        for index, chunk in enumerate(chunks, first):
+            packet = opus.encode(chunk, index)
+            frames = []
+            for item in self._features.push(self._to_features.push(chunk)):
+                level = item.level_db if item.index > self._silent_until else SILENCE_DB
+                step = self._sequencer.step(level)
+                started = self._start(step, item) if step.infer else None
+                frames.append(_Frame(item, step, level >= self._vad_threshold_db, started))
+            made.append((packet, frames))
+        return made
 
     def interrupt(self) -> float:
         """Drop the queued audio and go idle: frames whose features may hold it are silent,
@@ -149,7 +179,7 @@ class AudioTimeline:
         frame_s = 1.0 / self._fps
         audio_now = self._chunks_made * AUDIO_CHUNK_S
         self._silent_until = int((audio_now + self._lookahead_ms / 1000) / frame_s) + 1
-        self._sequencer.reset()
+        self._reset_gate = True  # a job may be stepping it now: the next one resets it
         self._interrupts += 1
         # A fresh encoder: the old one holds the last speech in its look-ahead and would
         # put it into the next packet it makes, heard a session delay from now.
