@@ -74,12 +74,10 @@ def speech_frames(spans: Iterable[tuple[float, float]], fps: int = FPS) -> int:
 def frames_due(state: Mapping[str, Any]) -> int:
     """Frames a session's speech gate sent to be lip-synced, from ``GET /sessions/{id}``.
 
-    Each one was either sent with its face (``frames_inferred``) or dropped for one
-    reason. ``not_ready`` is left out: such a frame is counted again when it ends
-    (``late``, or the error that stopped it).
+    Each one was either sent with its face (``frames_inferred``) or dropped for exactly
+    one reason (a frame counted ``not_ready`` is not counted again when it ends).
     """
-    dropped = sum(n for reason, n in state["frames_dropped"].items() if reason != "not_ready")
-    return int(state["frames_inferred"]) + dropped
+    return int(state["frames_inferred"]) + sum(state["frames_dropped"].values())
 
 
 def assert_lip_synced(state: Mapping[str, Any], *, due_at_least: float) -> None:

@@ -13,7 +13,8 @@ A frame not sent with its face is counted in ``SessionStats.frames_dropped`` by 
 sent, or its features came after its inference deadline, so it was not started),
 ``not_ready`` (its slot came while it was in flight), or the class name of the
 :class:`~inference_core.exceptions.InferenceError` that stopped it (a missed deadline, a
-full queue, a core shutting down).
+full queue, a core shutting down). Each frame counts once: one counted ``not_ready`` is
+not counted again when it then fails or comes too late.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class FrameRenderer:
         self._ready_at: dict[int, float] = {}  # frames kept for their slot: when ready
         self._clock = clock
         self._pending: dict[int, asyncio.Task[None]] = {}
+        self._not_ready: set[int] = set()  # in flight, already counted not_ready
 
     @property
     def in_flight(self) -> Collection[asyncio.Task[None]]:
@@ -132,6 +134,13 @@ class FrameRenderer:
 
     def _forget(self, index: int, _task: asyncio.Task[None]) -> None:
         self._pending.pop(index, None)
+        self._not_ready.discard(index)
+
+    def _drop_in_flight(self, index: int, reason: str) -> None:
+        """Count a frame in flight that will not be shown, once: one already counted
+        ``not_ready`` (its slot came first) is not counted again when it then fails."""
+        if index not in self._not_ready:
+            self._stats.drop(reason)
 
     async def _render(self, item: FrameAudio, started: Started) -> None:
         """Infer (with the frame's deadline) and compose one started frame."""
@@ -156,10 +165,10 @@ class FrameRenderer:
             inferred_at = self._clock()
             frame = await self._executor.run(pipeline.compose, prepared, face)
         except InferenceError as exc:
-            self._stats.drop(type(exc).__name__)
+            self._drop_in_flight(index, type(exc).__name__)
             return
         if not self._buffers.put_frame(index, frame):
-            self._stats.drop("late")
+            self._drop_in_flight(index, "late")
             return
         self._stats.frames_inferred += 1
         composed_at = self._clock()
@@ -214,6 +223,7 @@ class FrameRenderer:
         frame = self._buffers.take_frame(index)
         if frame is None and index in self._pending:
             self._stats.drop("not_ready")
+            self._not_ready.add(index)
         return frame
 
     def _idle_frame(self, index: int) -> np.ndarray:
