@@ -81,7 +81,7 @@ async def _window(
     async with live_server(root, settings) as (app, url):
         load = start_load(url, calls=calls, seconds=seconds, speech=speech, microphone=True)
         client = await load
-        sessions = await wait_for_calls(app, calls, lambda s: s.stats.frames_inferred > 0)
+        sessions = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
         await asyncio.sleep(1.0)
         before = [(s.stats.frames_inferred, sum(s.stats.frames_dropped.values())) for s in sessions]
         await asyncio.sleep(seconds * 0.7)
