@@ -23,7 +23,7 @@ from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from streaming.live.manager import SessionManager
-from streaming.webrtc.tracks import CATCH_UP_S
+from streaming.webrtc.tracks import AUDIO_CHUNK_S, CATCH_UP_S
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller
@@ -360,5 +360,15 @@ async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
         assert after["state"] == "streaming"
         # About the stall's worth was skipped (more only if the loaded machine stalled again).
         assert 0 < after["inbound_skipped_ms"] - before <= 1000, (before, after)
+        # And nothing downstream keeps a backlog either: the audio made but not yet sent is
+        # back to what the delay holds (a chunk made at the end of its 20 ms, sent a
+        # delay after its start), the timeline having caught up in one job.
+        steady = (after["delay_ms"] - AUDIO_CHUNK_S * 1000) / (AUDIO_CHUNK_S * 1000)
+
+        async def steady_again() -> bool:
+            waiting = (await _state(client, caller.session_id))["buffered"]["audio_chunks"]
+            return abs(waiting - steady) <= 2
+
+        await until(steady_again, f"the send buffers back to ≈{steady:.0f} chunks")
     finally:
         await caller.hang_up()
