@@ -41,6 +41,8 @@ from streaming.webrtc.tracks import SessionClock, video_frame
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 MAX_FRAMES_IN_FLIGHT = 8
+# Leave the compositing a little time before the frame is sent.
+COMPOSE_S = 0.008
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,6 @@ class Started:
 
     prepared: PreparedFrame
     prepare_s: float
-
-
-# Leave the compositing a little time before the frame is sent.
-COMPOSE_S = 0.008
 
 
 class FrameRenderer:
@@ -185,8 +183,7 @@ class FrameRenderer:
 
     async def frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""
-        self._ready_since(index)
-        frame = self._take(index)
+        frame, _ = self._take(index)
         if frame is not None:
             return frame
         return await self._executor.run(self._idle_frame, index)
@@ -198,8 +195,7 @@ class FrameRenderer:
 
         A lip-synced frame's wait for its slot and its encode are recorded
         (:class:`~streaming.live.reporting.FrameSending`)."""
-        ready_at = self._ready_since(index)
-        frame = self._take(index)
+        frame, ready_at = self._take(index)
         taken_at = self._clock()
         packet = await self._executor.run(self._encode, encoder, frame, index)
         if frame is not None and ready_at is not None:
@@ -209,22 +205,19 @@ class FrameRenderer:
                 self._on_frame_sent(sending)
         return packet
 
-    def _ready_since(self, index: int) -> float | None:
-        """When slot ``index``'s frame became ready (None if it did not); forgets it and
-        every earlier slot's (skipped slots are never taken)."""
+    def _take(self, index: int) -> tuple[np.ndarray | None, float | None]:
+        """The composed frame for slot ``index`` and when it became ready, if it did (a
+        frame still in flight for the slot is counted ``not_ready``). Earlier slots'
+        ready times go too: a skipped slot is never taken."""
         ready = self._ready_at
         for earlier in [i for i in ready if i < index]:
             del ready[earlier]
-        return ready.pop(index, None)
-
-    def _take(self, index: int) -> np.ndarray | None:
-        """The composed frame for slot ``index`` if ready (a frame still in flight for
-        the slot is counted ``not_ready``)."""
+        ready_at = ready.pop(index, None)
         frame = self._buffers.take_frame(index)
         if frame is None and index in self._pending:
             self._stats.drop("not_ready")
             self._not_ready.add(index)
-        return frame
+        return frame, ready_at
 
     def _idle_frame(self, index: int) -> np.ndarray:
         pipeline = self._pipeline

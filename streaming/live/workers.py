@@ -11,6 +11,12 @@ one ``call_soon_threadsafe``: one write to the loop's self-pipe, nothing else
 
 :class:`MediaWorkers` is also a :class:`concurrent.futures.Executor`, so code that only
 needs an executor (``run_in_executor``, tests) can use it as one.
+
+The queue needs no limit of its own: every job is awaited by the task that put it, and
+each session has at most one timeline job, one video frame job and
+``MAX_FRAMES_IN_FLIGHT`` compositing jobs out at a time, so what waits is bounded by the
+sessions admission let in. The :class:`~streaming.live.manager.SessionManager` owns the
+workers and shuts them down after its sessions.
 """
 
 from __future__ import annotations
