@@ -15,7 +15,8 @@ every frame speaking (lip-synced):
   window of K calls placed by a separate load client, each sending speech as its
   microphone (Opus, as a browser does), divided by the frames the server sent;
 * **live stages**: the CPU the same stage functions used inside the live server over
-  that window (``time.thread_time`` around each call, installed for the window only).
+  that window (``time.thread_time`` around each call, installed for the window only; a
+  stage run inside another, the crop inside the chunk job, counts once).
 
 ``live / offline`` is the cost of a call against the work it must do. ``live - live
 stages`` is the live path around the stages (the event loop's pacing, RTP sending,
@@ -33,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -178,14 +180,21 @@ def stage_cpu() -> Iterator[defaultdict[str, float]]:
         (LipstreamH264Encoder, "encode_packet", "H.264 encode + packetise"),
     )
     originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patched]
+    # A stage called inside another (the crop runs in the chunk job that completes the
+    # frame's features) is counted once, as itself: the outer stage's time excludes it.
+    nested = threading.local()
 
     def wrap(fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            outer_inner = getattr(nested, "inner", 0.0)
+            nested.inner = 0.0
             start = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                cost[stage] += time.thread_time() - start
+                spent = time.thread_time() - start
+                cost[stage] += spent - nested.inner
+                nested.inner = outer_inner + spent
 
         return timed
 

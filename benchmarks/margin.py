@@ -8,7 +8,8 @@ compositing after the model's lookahead and one 20 ms tick (``docs/architecture.
 misses it goes out as the idle frame (its lip-sync lost). This benchmark finds how many
 1280×720 demo calls admission control lets in with the default settings (its own
 capacity model, :func:`~streaming.live.admission.refusal`, fed with the model's inference
-cost as measured in a first 1-call window), then, for each margin, runs that many speaking
+cost and the server's CPU per frame sent as measured in a first 1-call window, as its CPU
+meter would), then, for each margin, runs that many speaking
 calls (speech as each call's microphone, from a separate client process) and counts the
 share of the frames meant to be lip-synced that went out lip-synced: frames inferred ÷
 (frames inferred + frames dropped for any reason). It does the same for every smaller
@@ -32,6 +33,7 @@ from aiohttp import web
 from benchmarks.common import Result, Target, print_table, print_targets
 from benchmarks.live_server import (
     client_result,
+    cpu_seconds,
     live_server,
     start_load,
     wait_for_calls,
@@ -39,33 +41,23 @@ from benchmarks.live_server import (
 )
 from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
-from streaming.live.admission import (
-    SPEECH_DUTY,
-    AdmissionControl,
-    SessionLoad,
-    cpu_ms_per_frame,
-    refusal,
-)
+from streaming.live.admission import AdmissionControl, SessionLoad, refusal
 from web.app_keys import CORE
 
 MARGINS_MS = (20.0, 40.0, 60.0, 80.0, 120.0)
 TARGET_SHARE = 0.99
 
 
-def admitted_calls(app: web.Application, avatar: str = "demo") -> int:
+def admitted_calls(app: web.Application, cpu_ms: float, avatar: str = "demo") -> int:
     """How many calls of ``avatar`` default admission control lets in on this machine,
-    with the model's inference cost as measured in ``app`` (a server that ran it)."""
+    with the model's inference cost as measured in ``app`` (a server that ran it) and
+    ``cpu_ms`` of the process's CPU per frame sent (what its CPU meter measures in a
+    steady call)."""
     core = app[CORE]
     model = core.registry.entry(avatar).model
     assert model is not None, "run a call first: admission uses the measured cost"
-    manifest = model.package.manifest
-    defaults = Settings()
-    control = AdmissionControl(defaults, core)
-    inference = model.stats().mean_ms_per_frame * manifest.fps * SPEECH_DUTY
-    cpu = cpu_ms_per_frame(manifest.frame_size, defaults.video.preset) * manifest.fps
-    if model.device.kind == "cpu":
-        cpu += inference  # the same cores
-    load = SessionLoad(model.device.index, inference, cpu)
+    control = AdmissionControl(Settings(), core, measured_cpu_ms=lambda: cpu_ms)
+    load = control.load_of(model, cpu_ms)
     budget = control.budget()
     running: list[SessionLoad] = []
     while refusal(budget, running, load) is None:
@@ -84,13 +76,16 @@ async def _window(
         sessions = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
         await asyncio.sleep(1.0)
         before = [(s.stats.frames_inferred, sum(s.stats.frames_dropped.values())) for s in sessions]
+        cpu0, sent0 = cpu_seconds(), sum(s.video.frames_sent for s in sessions)
         await asyncio.sleep(seconds * 0.7)
+        cpu = cpu_seconds() - cpu0
+        sent = sum(s.video.frames_sent for s in sessions) - sent0
         inferred = sum(s.stats.frames_inferred for s in sessions) - sum(b[0] for b in before)
         dropped = sum(sum(s.stats.frames_dropped.values()) for s in sessions) - sum(
             b[1] for b in before
         )
         if admit is not None:
-            admit.append(admitted_calls(app))
+            admit.append(admitted_calls(app, cpu * 1000 / sent))
         out, _ = await client.communicate()
         fps = client_result(out, client.returncode)["fps"]
     wanted = inferred + dropped

@@ -166,7 +166,8 @@ class ServerSettings(_Section):
     max_sessions: int = Field(default=16, ge=1)
     # Admission (streaming.live.admission): the share of each device's workers and of the
     # process's cores that sessions may be given; CPU ms per 1280x720 frame (composing +
-    # encoding; null = estimated from video.preset); inference ms per frame assumed for a
+    # encoding; null = the larger of an estimate from video.preset and the process's
+    # measured CPU per frame sent); inference ms per frame assumed for a
     # model on a device that has run nothing yet.
     admission_headroom: float = Field(default=0.8, gt=0, le=1)
     cpu_ms_per_session_frame: float | None = Field(default=None, gt=0)

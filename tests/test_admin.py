@@ -137,6 +137,7 @@ async def test_stats_move_after_raw_inference(client: Client) -> None:
     assert g["sessions_started"] == g["sessions_ended"] == g["sessions_rejected"] == 0
     assert g["frames_served"] == 0
     assert g["frames_dropped"] == {}
+    assert g["cpu_ms_per_frame"] is None  # nothing sent, nothing measured
     assert g["evictions"] == {"capacity": 0, "idle": 0, "admin": 0}
     assert g["uptime_s"] >= 0
     assert g["version"]

@@ -178,6 +178,63 @@ async def test_unmeasured_models_cost_the_estimate_then_the_device_mean(
     bob.close()
 
 
+async def test_a_measured_cpu_cost_above_the_estimate_prices_every_session(
+    tmp_path: Path,
+) -> None:
+    make_package(tmp_path / "alice")
+    # Inference costs next to nothing (nothing runs: the estimate counts), so only the
+    # CPU can be full: 2 cores x 1000 ms x headroom 0.5 = 1000 ms per second.
+    settings = _settings(tmp_path, inference_ms_per_frame_estimate=0.001, admission_headroom=0.5)
+    core = InferenceCore(settings, AvatarLocator(tmp_path))
+    await core.start()
+    try:
+        measured: list[float | None] = [None]
+        control = AdmissionControl(settings, core, cpus=2, measured_cpu_ms=lambda: measured[0])
+        estimate = control.reserve("alice", [])
+        assert not estimate.load.cpu_measured  # no figure yet: the estimate
+        estimate.release()
+        alice = await core.open("alice")
+        estimated = control.load_of(alice).cpu_ms
+        measured[0] = estimated / 25 / 2  # frames cost less than estimated: it holds
+        cheaper = control.reserve("alice", [])
+        assert cheaper.load.cpu_ms == pytest.approx(estimated)
+        cheaper.release()
+        # Frames cost 30 ms of the process's CPU: at 25 fps a session takes 750 of the
+        # 1000 ms, so a second one is refused, the message saying it was measured.
+        measured[0] = 30.0
+        one = control.reserve("alice", [])
+        assert one.load.cpu_measured
+        assert one.load.cpu_ms == pytest.approx(750.0)
+        with pytest.raises(SessionLimitError, match=r"as measured: 750 for the new one"):
+            control.reserve("alice", [Live(alice)])
+        one.release()
+        alice.close()
+    finally:
+        await core.stop()
+
+
+async def test_a_configured_cpu_cost_is_used_as_is(tmp_path: Path) -> None:
+    make_package(tmp_path / "alice")
+    settings = _settings(tmp_path, cpu_ms_per_session_frame=5.0)
+    core = InferenceCore(settings, AvatarLocator(tmp_path))
+    await core.start()
+    try:
+        asked: list[int] = []
+
+        def measured() -> float:
+            asked.append(1)
+            return 100.0
+
+        control = AdmissionControl(settings, core, cpus=2, measured_cpu_ms=measured)
+        reservation = control.reserve("alice", [])
+        assert not reservation.load.cpu_measured
+        assert reservation.load.cpu_ms < 100.0 * 25
+        assert asked == []  # the operator's figure: the meter is not even read
+        reservation.release()
+    finally:
+        await core.stop()
+
+
 async def test_places_being_set_up_count_until_released(tmp_path: Path) -> None:
     make_package(tmp_path / "alice")
     settings = _settings(tmp_path, max_sessions=2)

@@ -26,6 +26,7 @@ from tests.packages import make_package
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
 from tests.webrtc_client import Caller
 from web.app import build_app
+from web.app_keys import SESSIONS
 
 DEVICES = ("cpu:0", "cpu:1")
 VISUAL = (6, 320, 320)
@@ -165,12 +166,25 @@ async def test_every_family_is_served_before_any_traffic(
     assert value(families, "lipstream_models_loaded") == 0
     assert value(families, "lipstream_sessions_live") == 0
     assert value(families, "lipstream_sessions_total", event="started") == 0
+    assert "lipstream_cpu_seconds_per_frame" not in families  # nothing sent, nothing measured
     for stage in STAGES:  # every stage's series is there, at zero, before any frame
         assert any(
             s.name == "lipstream_frame_stage_seconds_count" and s.labels == {"stage": stage}
             for s in families["lipstream_frame_stage_seconds"].samples
         ), stage
         assert value(families, "lipstream_frame_stage_seconds_count", stage=stage) == 0
+
+
+async def test_the_measured_cpu_per_frame_is_served_once_there_is_one(
+    client: TestClient[object, object],
+) -> None:
+    meter = client.app[SESSIONS].cpu_meter  # type: ignore[index]
+    meter.ms_per_frame = lambda: 21.5  # type: ignore[method-assign]
+    families = await scrape(client)
+    assert families["lipstream_cpu_seconds_per_frame"].type == "gauge"
+    assert value(families, "lipstream_cpu_seconds_per_frame") == pytest.approx(0.0215)
+    stats = await (await client.get("/admin/stats")).json()
+    assert stats["global"]["cpu_ms_per_frame"] == 21.5
 
 
 async def test_raw_frames_move_the_inference_counters_and_histograms(

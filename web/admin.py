@@ -194,6 +194,9 @@ async def stats(request: web.Request) -> web.Response:
             sessions_rejected=totals.rejected,
             frames_served=totals.frames_sent,
             frames_dropped=dropped,
+            cpu_ms_per_frame=(
+                None if totals.cpu_ms_per_frame is None else round(totals.cpu_ms_per_frame, 2)
+            ),
             evictions={str(k): v for k, v in core.evictions.items()},
             uptime_s=round(time.monotonic() - app[STARTED_AT], 1),
             version=_version(),

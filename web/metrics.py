@@ -29,6 +29,8 @@ lipstream_sessions_total                    counter    event        sessions
 lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
 lipstream_frames_dropped_total              counter    reason       sessions
+lipstream_cpu_seconds_per_frame             gauge                   sessions (once
+                                                                    measured)
 lipstream_frame_delay_seconds               histogram               on_frame_ready
 lipstream_frame_stage_seconds               histogram  stage        on_frame_ready,
                                                                     on_frame_sent
@@ -235,6 +237,13 @@ class SnapshotCollector(Collector):
             "Video frames sent to callers (lip-synced or idle).",
             value=totals.frames_sent,
         )
+        if totals.cpu_ms_per_frame is not None:
+            yield GaugeMetricFamily(
+                "lipstream_cpu_seconds_per_frame",
+                "The process's CPU time per video frame sent over the last ~20 s "
+                "(what admission prices a session's frames at, docs/architecture.md §9).",
+                value=totals.cpu_ms_per_frame / 1000.0,
+            )
         yield CounterMetricFamily(
             "lipstream_frames_inferred",
             "Live-session frames composed with an inferred face.",

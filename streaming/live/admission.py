@@ -16,12 +16,20 @@ so the worst case is the only safe one). A device's budget is ``workers`` × 100
 
 **CPU, per process.** Audio features, crop, paste-back, H.264 encoding and the WebRTC
 send path (RTP, SRTP, Opus, the session's timeline on the event loop) run on this
-process's cores: a session costs ``cpu_ms_per_frame`` × fps, plus its inference when its
-device is a CPU device (the same cores). The budget is the usable cores × 1000 ms ×
-headroom. ``cpu_ms_per_frame`` is ``server.cpu_ms_per_session_frame`` (given for a
-1280×720 frame) or, when that is null, :data:`STAGES_CPU_MS` plus the preset's
-:data:`ENCODE_CPU_MS`, the encode part scaled by the frame's pixel count. With NVENC the
-encode figure still counts: conservative, set the option to override it.
+process's cores: a session costs its CPU ms per frame × fps. The budget is the usable
+cores × 1000 ms × headroom. The CPU ms per frame is, in order of preference:
+
+1. ``server.cpu_ms_per_session_frame`` (given for a 1280×720 frame, scaled by the
+   frame's pixel count), plus the inference on a CPU device (the same cores): the
+   operator's figure, used as is;
+2. else the larger of the estimate (:data:`STAGES_CPU_MS` plus the preset's
+   :data:`ENCODE_CPU_MS`, the encode part scaled by the pixel count, plus the inference
+   on a CPU device) and what a frame sent has cost this process lately, measured
+   (:class:`~streaming.live.cpu_meter.CpuMeter`: all of the process's CPU over the frames
+   it sent, once enough were sent). The estimate alone let in 5 live 720p calls on the
+   2-core development VM where 3 fit (``docs/benchmarks.md`` §9); the measurement makes
+   the model hold on any machine. With NVENC the encode estimate still counts, until
+   a measurement says better.
 
 **Sessions.** Live sessions plus those being set up number at most ``server.max_sessions``.
 
@@ -42,13 +50,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from config.settings import Settings
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
+from inference_core.serving.loaded_model import LoadedModel
 from streaming.exceptions import SessionLimitError
 
 logger = logging.getLogger(__name__)
@@ -96,6 +105,7 @@ class SessionLoad:
     inference_ms: float  # on that device
     cpu_ms: float  # in this process (inference included for a CPU device)
     measured: bool = True  # False when the model's cost is an estimate
+    cpu_measured: bool = False  # True when cpu_ms is the process's measured cost
 
 
 @dataclass(frozen=True)
@@ -141,10 +151,12 @@ def refusal(budget: Budget, running: Sequence[SessionLoad], new: SessionLoad) ->
         )
     cpu = sum(s.cpu_ms for s in running) + new.cpu_ms
     if running and cpu > budget.cpu_ms:
+        how = "as measured" if new.cpu_measured else "as estimated"
         return (
             f"the server's CPU is full: {len(running) + 1} sessions would need {cpu:.0f} ms "
-            f"of CPU per second, over its budget of {budget.cpu_ms:.0f} "
-            f"({budget.cpus} cores × 1000 ms × headroom {budget.headroom:g})"
+            f"of CPU per second ({how}: {new.cpu_ms:.0f} for the new one), over its budget "
+            f"of {budget.cpu_ms:.0f} ({budget.cpus} cores × 1000 ms × headroom "
+            f"{budget.headroom:g})"
         )
     return None
 
@@ -178,13 +190,24 @@ class Reservation:
 class AdmissionControl:
     """Decides whether a new session fits, from the live sessions and measured model costs.
 
-    ``cpus`` defaults to :func:`usable_cpus` (tests pass it).
+    ``cpus`` defaults to :func:`usable_cpus` (tests pass it). ``measured_cpu_ms`` gives
+    the process's measured CPU ms per frame sent, or None while it has no figure (the
+    session manager's :class:`~streaming.live.cpu_meter.CpuMeter`); without it, or with
+    ``server.cpu_ms_per_session_frame`` set, only the configured or estimated figure counts.
     """
 
-    def __init__(self, settings: Settings, core: InferenceCore, *, cpus: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        core: InferenceCore,
+        *,
+        cpus: int | None = None,
+        measured_cpu_ms: Callable[[], float | None] | None = None,
+    ) -> None:
         self._settings = settings
         self._core = core
         self._cpus = cpus if cpus is not None else usable_cpus()
+        self._measured_cpu_ms = measured_cpu_ms
         self._pending: list[Reservation] = []
 
     def budget(self) -> Budget:
@@ -208,31 +231,46 @@ class AdmissionControl:
         ``sessions`` are the live ones. Reads only in-memory figures (no file, no load);
         raises the registry's errors for an id that is not registered.
         """
-        running = self._running(sessions)
-        reservation = Reservation(self, self._check(self._estimate(avatar_id, running), running))
+        measured = self._measured()
+        running = self._running(sessions, measured)
+        new = self._estimate(avatar_id, running, measured)
+        reservation = Reservation(self, self._check(new, running))
         self._pending.append(reservation)
         return reservation
 
-    def load_of(self, model: ModelHandle) -> SessionLoad:
-        """What a session on a held ``model`` costs per second."""
+    def load_of(
+        self, model: ModelHandle | LoadedModel, measured_cpu_ms: float | None = None
+    ) -> SessionLoad:
+        """What a session on a held ``model`` costs per second (``measured_cpu_ms``: the
+        process's measured CPU ms per frame, when there is one)."""
         manifest = model.package.manifest
-        return self._load(model.model_id, model.device.index, manifest.fps, manifest.frame_size)
+        return self._load(
+            model.model_id, model.device.index, manifest.fps, manifest.frame_size, measured_cpu_ms
+        )
 
     def _confirm(
         self, reservation: Reservation, model: ModelHandle, sessions: Sequence[HoldsModel]
     ) -> None:
         self._release(reservation)
-        running = self._running(sessions)
-        reservation.load = self._check(self.load_of(model), running)
+        measured = self._measured()
+        running = self._running(sessions, measured)
+        reservation.load = self._check(self.load_of(model, measured), running)
         self._pending.append(reservation)
 
     def _release(self, reservation: Reservation) -> None:
         if reservation in self._pending:
             self._pending.remove(reservation)
 
-    def _running(self, sessions: Sequence[HoldsModel]) -> list[SessionLoad]:
+    def _running(self, sessions: Sequence[HoldsModel], measured: float | None) -> list[SessionLoad]:
         """The live sessions' loads and the places reserved by sessions being set up."""
-        return [self.load_of(s.model) for s in sessions] + [r.load for r in self._pending]
+        return [self.load_of(s.model, measured) for s in sessions] + [r.load for r in self._pending]
+
+    def _measured(self) -> float | None:
+        """The measured CPU ms per frame, when it counts (see the module doc)."""
+        configured = self._settings.server.cpu_ms_per_session_frame
+        if self._measured_cpu_ms is None or configured is not None:
+            return None
+        return self._measured_cpu_ms()
 
     def _check(self, new: SessionLoad, running: Sequence[SessionLoad]) -> SessionLoad:
         reason = refusal(self.budget(), running, new)
@@ -241,23 +279,31 @@ class AdmissionControl:
             raise SessionLimitError(f"no room for another session: {reason}; try again later")
         return new
 
-    def _estimate(self, avatar_id: str, running: Sequence[SessionLoad]) -> SessionLoad:
+    def _estimate(
+        self, avatar_id: str, running: Sequence[SessionLoad], measured_cpu_ms: float | None
+    ) -> SessionLoad:
         """The cost of a session of ``avatar_id`` before its model is held."""
         model = self._core.registry.entry(avatar_id).model
         if model is not None:
-            manifest = model.package.manifest
-            return self._load(avatar_id, model.device.index, manifest.fps, manifest.frame_size)
+            return self.load_of(model, measured_cpu_ms)
         device = self._placement(avatar_id, running)
-        return self._load(avatar_id, device, DEFAULT_FPS, DEFAULT_FRAME_SIZE)
+        return self._load(avatar_id, device, DEFAULT_FPS, DEFAULT_FRAME_SIZE, measured_cpu_ms)
 
     def _load(
-        self, model_id: str, device: int, fps: int, frame_size: tuple[int, int]
+        self,
+        model_id: str,
+        device: int,
+        fps: int,
+        frame_size: tuple[int, int],
+        measured_cpu_ms: float | None,
     ) -> SessionLoad:
         ms, measured = self._ms_per_frame(model_id, device)
         inference = ms * fps * SPEECH_DUTY
         cpu = self._cpu_ms(frame_size) * fps
         if self._core.devices[device].kind == "cpu":
             cpu += inference  # the same cores
+        if measured_cpu_ms is not None and measured_cpu_ms * fps > cpu:
+            return SessionLoad(device, inference, measured_cpu_ms * fps, measured, True)
         return SessionLoad(device, inference, cpu, measured)
 
     def _placement(self, avatar_id: str, running: Sequence[SessionLoad]) -> int:

@@ -23,6 +23,7 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
+from streaming.live.cpu_meter import CpuMeter
 from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
@@ -106,7 +107,14 @@ class SessionManager:
         self._creating = 0
         self._closing = False
         self.counters = SessionCounters()
-        self.admission = AdmissionControl(settings, core)
+        self.cpu_meter = CpuMeter(self._frames_sent)
+        self.admission = AdmissionControl(
+            settings, core, measured_cpu_ms=self.cpu_meter.ms_per_frame
+        )
+
+    def _frames_sent(self) -> int:
+        """Video frames sent since start-up, the live calls' included."""
+        return self.counters.frames_sent + sum(s.video.frames_sent for s in self._sessions.values())
 
     def snapshot(self) -> SessionsSnapshot:
         """Every live call, the totals since start-up (live calls included) and the cache."""
@@ -122,10 +130,11 @@ class SessionManager:
             ended=c.ended,
             rejected=c.rejected,
             failed=c.failed,
-            frames_sent=c.frames_sent + sum(s.video.frames_sent for s in live),
+            frames_sent=self._frames_sent(),
             frames_inferred=c.frames_inferred + sum(s.stats.frames_inferred for s in live),
             frames_dropped=dropped,
             ended_by_reason=dict(c.ended_by_reason),
+            cpu_ms_per_frame=self.cpu_meter.ms_per_frame(),
         )
         return SessionsSnapshot(
             sessions=tuple(s.snapshot() for s in live), totals=totals, cache=self.cache.stats()

@@ -85,6 +85,8 @@ class SessionTotals:
     frames_inferred: int
     frames_dropped: dict[str, int]
     ended_by_reason: dict[str, int]
+    #: The process's CPU ms per frame sent lately (admission's measured figure), if any.
+    cpu_ms_per_frame: float | None = None
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,10 @@ class Global(ResponseModel):
     sessions_rejected: Count
     frames_served: Count
     frames_dropped: Counts = Field(description="Frames not served, by reason.")
+    cpu_ms_per_frame: NonNegative | None = Field(
+        description="The process's CPU ms per frame sent over the last ~20 s, what "
+        "admission prices a session's frames at; null until enough frames were sent."
+    )
     evictions: Counts = Field(description="Model evictions: `capacity`, `idle`, `admin`.")
     uptime_s: NonNegative
     version: str
