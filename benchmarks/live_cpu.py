@@ -18,6 +18,10 @@ every frame speaking (lip-synced):
   that window (``time.thread_time`` around each call, installed for the window only; a
   stage run inside another, the crop inside the chunk job, counts once).
 
+The last column is what the server's own CPU meter (``streaming/live/cpu_meter.py``, what
+admission prices a frame at) read at the end of the window: it should be close to
+**live**, a little above it (its window starts earlier and holds the call's set-up).
+
 ``live / offline`` is the cost of a call against the work it must do. ``live - live
 stages`` is the live path around the stages (the event loop's pacing, RTP sending,
 SRTP and RTCP, thread hand-offs, batching); ``live stages / offline`` is the stages
@@ -52,6 +56,7 @@ from benchmarks.live_server import (
     write_speech,
 )
 from inference_core.assets.demo_avatar import write_demo_avatar
+from web.app_keys import SESSIONS
 
 SIZE = (1280, 720)
 CALLS = (1, 4)
@@ -221,6 +226,7 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
             await asyncio.sleep(seconds * 0.7)
             cpu, window = cpu_seconds() - cpu0, time.monotonic() - t0
             stages = dict(cost)
+            meter = app[SESSIONS].cpu_meter.ms_per_frame()
         sent = sum(s.video.frames_sent for s in sessions) - sent0
         inferred = sum(s.stats.frames_inferred for s in sessions) - inferred0
         out, _ = await client.communicate()
@@ -233,6 +239,7 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
         "server_cores": cpu / window,
         "live_ms": cpu * 1000 / sent,
         "stages_ms": {k: v * 1000 / sent for k, v in stages.items()},
+        "meter_ms": meter,
     }
 
 
@@ -265,6 +272,7 @@ def run(quick: bool = False) -> Result:
                 r["live_ms"] - staged,
                 r["live_ms"] / offline_ms,
                 r["live_ms"] / staged,
+                r["meter_ms"],
             ]
         )
     print_table(
@@ -279,6 +287,7 @@ def run(quick: bool = False) -> Result:
             "live path",
             "live / offline",
             "live / live stages",
+            "admission's meter",
         ],
         rows,
     )

@@ -259,8 +259,11 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
                 return families if composed >= 5 and sent >= 1 else None
 
             live = await until(lip_synced_frames, "5 lip-synced frames composed, 1 sent")
+            sampling = client.app[SESSIONS]._cpu_sampling  # type: ignore[index]
+            assert sampling is not None and not sampling.done()  # the CPU meter's window slides
         finally:
             await caller.hang_up()
+        await until(sampling.done, "the CPU meter's sampling to end with the last call")
         frames = value(live, "lipstream_frame_delay_seconds_count")
         assert frames >= 5
         assert value(live, "lipstream_frame_delay_seconds_sum") > 0

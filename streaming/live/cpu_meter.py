@@ -10,8 +10,10 @@ said 12 ms of CPU per frame where the live server spent 17–21.
 
 :class:`CpuMeter` measures that cost: the process's CPU time (every thread, user and
 system) over a recent window divided by the video frames sent in it, once enough frames
-went out for the figure to mean something. It samples the counters when made and
-when asked (an offer, a snapshot), at most once a second, so it has no task of its own.
+went out for the figure to mean something. It samples the counters when made, when
+asked (an offer, a snapshot) and whenever :meth:`CpuMeter.sample` is called (the session
+manager does, once a second while calls are live, so that a call's set-up leaves the
+window), at most once a second.
 Everything the process did in the window counts, a model being loaded included: the
 figure errs on the side of the calls already running.
 """
@@ -62,11 +64,19 @@ class CpuMeter:
     def _sample(self) -> _Sample:
         return _Sample(self._clock(), self._cpu(), self._frames())
 
-    def ms_per_frame(self) -> float | None:
-        """The measured figure, or None until ``min_frames`` were sent within a window."""
+    def sample(self) -> None:
+        """Take a sample now, unless one was taken less than a second ago."""
+        self._take()
+
+    def _take(self) -> _Sample:
         now = self._sample()
         if now.at - self._samples[-1].at >= 1.0:
             self._samples.append(now)
+        return now
+
+    def ms_per_frame(self) -> float | None:
+        """The measured figure, or None until ``min_frames`` were sent within a window."""
+        now = self._take()
         # The reference is the oldest sample within the window, or the newest older one
         # when nothing was sampled lately (a figure over a longer span, still measured).
         while len(self._samples) > 2 and now.at - self._samples[1].at >= self._window_s:

@@ -8,6 +8,7 @@ session and closes them all on shutdown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import OrderedDict
@@ -108,6 +109,7 @@ class SessionManager:
         self._closing = False
         self.counters = SessionCounters()
         self.cpu_meter = CpuMeter(self._frames_sent)
+        self._cpu_sampling: asyncio.Task[None] | None = None
         self.admission = AdmissionControl(
             settings, core, measured_cpu_ms=self.cpu_meter.ms_per_frame
         )
@@ -266,6 +268,8 @@ class SessionManager:
             raise
         self._sessions[session.session_id] = session
         self._empty.clear()
+        if self._cpu_sampling is None or self._cpu_sampling.done():
+            self._cpu_sampling = asyncio.create_task(self._sample_cpu(), name="lipstream-cpu-meter")
         logger.info(
             "session created: session=%s avatar=%s remote=%s video_codec=%s",
             session.session_id,
@@ -303,6 +307,15 @@ class SessionManager:
         reason = session.end_reason or "unknown"
         c.ended_by_reason[reason] = c.ended_by_reason.get(reason, 0) + 1
 
+    async def _sample_cpu(self) -> None:
+        """Sample the CPU meter once a second while calls are live, so its window slides
+        (a call's set-up leaves it after ~20 s); ends when the last call does."""
+        while self._sessions:
+            self.cpu_meter.sample()
+            with contextlib.suppress(TimeoutError):  # the last call ended: stop at once
+                await asyncio.wait_for(self._empty.wait(), timeout=1.0)
+        self.cpu_meter.sample()
+
     async def wait_until_empty(self) -> None:
         """Return once no session is live (at once if none is)."""
         await self._empty.wait()
@@ -314,4 +327,8 @@ class SessionManager:
         """End every session (shutdown) and stop the compositing threads."""
         self._closing = True
         await asyncio.gather(*(s.close("server shutdown") for s in self.sessions))
+        if self._cpu_sampling is not None:
+            self._cpu_sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cpu_sampling
         await asyncio.to_thread(self.executor.shutdown, wait=True)
