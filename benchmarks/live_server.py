@@ -12,8 +12,8 @@ import json
 import os
 import sys
 import wave
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,9 +103,11 @@ async def start_load(
     speech: Path,
     avatar: str = "demo",
     microphone: bool = False,
+    cpus: set[int] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start the load client (``benchmarks.webrtc_load``): ``calls`` calls speaking
-    ``speech``, pushed over HTTP or (``microphone``) as each call's microphone."""
+    ``speech``, pushed over HTTP or (``microphone``) as each call's microphone; on
+    ``cpus`` only, when given."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -114,7 +116,28 @@ async def start_load(
         *("--speech", str(speech), "--avatar", avatar),
         *(("--microphone",) if microphone else ()),
         stdout=asyncio.subprocess.PIPE,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """This process's cores cut in two: the server's (the first half, at least one) and
+    the load client's (the rest, or the same one on a single core)."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    return set(cores[:half]), set(cores[half:] or cores)
+
+
+@contextmanager
+def pinned(cpus: set[int]) -> Iterator[None]:
+    """While open, this thread (and every thread it starts: a server built inside) runs
+    on ``cpus`` only; the affinity it had is put back on exit."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 async def wait_for_calls(

@@ -260,7 +260,8 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
 
             live = await until(lip_synced_frames, "5 lip-synced frames composed, 1 sent")
             sampling = client.app[SESSIONS]._cpu_sampling  # type: ignore[index]
-            assert sampling is not None and not sampling.done()  # the CPU meter's window slides
+            assert sampling is not None
+            assert not sampling.done()  # the CPU meter's window slides while the call is live
         finally:
             await caller.hang_up()
         await until(sampling.done, "the CPU meter's sampling to end with the last call")
