@@ -47,7 +47,7 @@ a FIFO that may hold it a little longer than the element's own output would.
 ``time.time()`` by the quickest of a few round trips, so the hog's start and end are on
 the same clock as the bursts. *Recovery* is measured against the delay that call had
 before the hog: the configured delay plus the browser's own buffers (≈65 ms), which no
-server setting removes, so "within 50 ms of the configured 532.5 ms" would never hold,
+server setting removes, so "within 50 ms of the configured delay" would never hold,
 even quiet. It is the time from the hog's end until the first burst, heard, from which
 every later burst's delay is within 50 ms of that steady figure; a lost burst counts as
 out. Bursts are 0.45–0.70 s apart, so this is an upper bound, late by up to one interval.

@@ -280,7 +280,7 @@ class SessionSettings(_Section):
     max_audio_push_bytes: ByteSize = Field(default=16 * MIB, ge=1)
     max_say_chars: int = Field(default=2000, ge=1)
     max_queued_audio_s: float = Field(default=120.0, gt=0)
-    pipeline_margin_ms: float = Field(default=60.0, ge=0, le=2000)
+    pipeline_margin_ms: float = Field(default=40.0, ge=0, le=2000)
 
 
 class TtsSettings(_Section):

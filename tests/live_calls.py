@@ -7,7 +7,7 @@ assert counts, states and ratios, e.g. the frames that carried lip-sync against 
 frames the caller spoke (:func:`speech_frames`, :func:`frames_due`).
 
 A live frame is lip-synced only if it is ready by its send slot, ``session.delay_s`` after
-its audio. With the default ``pipeline_margin_ms`` (60 ms) a loaded machine turns
+its audio. With the default ``pipeline_margin_ms`` (40 ms) a loaded machine turns
 scheduling delays into dropped lip-sync, which is a question of speed, not of behaviour:
 tests that count lip-synced frames give the server :data:`GENEROUS_MARGIN_MS` instead.
 Even that margin is not enough when two copies of the suite run their two-call tests at

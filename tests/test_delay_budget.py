@@ -43,10 +43,10 @@ async def test_webrtc_config_states_the_configured_delay_and_the_browsers_part(
     delay = await _delay(_settings(tmp_path))
     low, high = BROWSER_EXTRA_MS_TYPICAL
     assert delay == {
-        "server_ms": 532.5,
+        "server_ms": 512.5,
         "lookahead_ms": 452.5,  # audio.right_context 7, 25 fps, unet_328's features
         "tick_ms": 20.0,
-        "margin_ms": 60.0,  # session.pipeline_margin_ms
+        "margin_ms": 40.0,  # session.pipeline_margin_ms
         "browser_extra_ms_low": low,
         "browser_extra_ms_high": high,
     }
