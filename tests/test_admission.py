@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,18 @@ def _settings(root: Path, **server: object) -> Settings:
     )
 
 
+@asynccontextmanager
+async def _alice_core(root: Path, **server: object) -> AsyncIterator[InferenceCore]:
+    """A started inference core over one package, ``alice``, with these server settings."""
+    make_package(root / "alice")
+    core = InferenceCore(_settings(root, **server), AvatarLocator(root))
+    await core.start()
+    try:
+        yield core
+    finally:
+        await core.stop()
+
+
 @pytest.fixture
 async def core(tmp_path: Path) -> AsyncIterator[InferenceCore]:
     make_package(tmp_path / "alice")
@@ -181,15 +194,12 @@ async def test_unmeasured_models_cost_the_estimate_then_the_device_mean(
 async def test_a_measured_cpu_cost_above_the_estimate_prices_every_session(
     tmp_path: Path,
 ) -> None:
-    make_package(tmp_path / "alice")
     # Inference costs next to nothing (nothing runs: the estimate counts), so only the
     # CPU can be full: 2 cores x 1000 ms x headroom 0.5 = 1000 ms per second.
-    settings = _settings(tmp_path, inference_ms_per_frame_estimate=0.001, admission_headroom=0.5)
-    core = InferenceCore(settings, AvatarLocator(tmp_path))
-    await core.start()
-    try:
+    server = {"inference_ms_per_frame_estimate": 0.001, "admission_headroom": 0.5}
+    async with _alice_core(tmp_path, **server) as core:
         measured: list[float | None] = [None]
-        control = AdmissionControl(settings, core, cpus=2, measured_cpu_ms=lambda: measured[0])
+        control = AdmissionControl(core.settings, core, cpus=2, measured_cpu_ms=lambda: measured[0])
         estimate = control.reserve("alice", [])
         assert not estimate.load.cpu_measured  # no figure yet: the estimate
         estimate.release()
@@ -209,30 +219,22 @@ async def test_a_measured_cpu_cost_above_the_estimate_prices_every_session(
             control.reserve("alice", [Live(alice)])
         one.release()
         alice.close()
-    finally:
-        await core.stop()
 
 
 async def test_a_configured_cpu_cost_is_used_as_is(tmp_path: Path) -> None:
-    make_package(tmp_path / "alice")
-    settings = _settings(tmp_path, cpu_ms_per_session_frame=5.0)
-    core = InferenceCore(settings, AvatarLocator(tmp_path))
-    await core.start()
-    try:
+    async with _alice_core(tmp_path, cpu_ms_per_session_frame=5.0) as core:
         asked: list[int] = []
 
         def measured() -> float:
             asked.append(1)
             return 100.0
 
-        control = AdmissionControl(settings, core, cpus=2, measured_cpu_ms=measured)
+        control = AdmissionControl(core.settings, core, cpus=2, measured_cpu_ms=measured)
         reservation = control.reserve("alice", [])
         assert not reservation.load.cpu_measured
         assert reservation.load.cpu_ms < 100.0 * 25
         assert asked == []  # the operator's figure: the meter is not even read
         reservation.release()
-    finally:
-        await core.stop()
 
 
 async def test_places_being_set_up_count_until_released(tmp_path: Path) -> None:
