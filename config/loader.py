@@ -93,22 +93,37 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
 
 
 def apply_cli_overrides(
-    settings: Settings, host: str | None = None, port: int | None = None
+    settings: Settings,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
 ) -> Settings:
-    """Return ``settings`` with the CLI's ``--host``/``--port`` applied and re-validated."""
+    """Return ``settings`` with the CLI's ``serve`` options applied and re-validated."""
     server: dict[str, Any] = {}
     if host is not None:
         server["host"] = host
     if port is not None:
         server["port"] = port
-    if not server:
+    cluster: dict[str, Any] = {}
+    if workers is not None:
+        cluster["workers"] = workers
+    if ray_address is not None:
+        cluster["ray_address"] = ray_address
+    if not server and not cluster:
         return settings
     data = settings.model_dump()
     data["server"].update(server)
+    data["cluster"].update(cluster)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        sources: dict[Loc, str] = {("server", "host"): "--host", ("server", "port"): "--port"}
+        sources: dict[Loc, str] = {
+            ("server", "host"): "--host",
+            ("server", "port"): "--port",
+            ("cluster", "workers"): "--workers",
+            ("cluster", "ray_address"): "--ray-address",
+        }
         raise ConfigError("invalid command-line option:", describe_errors(exc, sources)) from None
 
 

@@ -321,6 +321,30 @@ class LoggingSettings(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class ClusterSettings(_Section):
+    """Worker processes on Ray behind this process's HTTP front (docs/architecture.md §14)."""
+
+    # Worker processes, each a full lipstream stack (its own inference core, sessions and
+    # event loop); 0 = this process serves everything itself and Ray is not needed.
+    workers: int = Field(default=0, ge=0, le=4096)
+    # An existing Ray cluster to join ("auto", "host:6379", "ray://host:10001"); null =
+    # start a local Ray runtime inside the server.
+    ray_address: str | None = None
+    # Resources each worker is declared to Ray with: CPU cores, and a share of one GPU
+    # (1/k for k workers per GPU; Ray then sets CUDA_VISIBLE_DEVICES for the worker).
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0, le=1)
+    # Where workers listen for the front's HTTP requests: 127.0.0.1 on one machine;
+    # 0.0.0.0 across nodes (a worker then gives the front its node's address).
+    worker_host: str = "127.0.0.1"
+    # A dead worker is restarted by Ray this many times (-1: always).
+    max_restarts: int = Field(default=-1, ge=-1)
+    # Each worker reports its load this often; one that does not answer within the
+    # timeout is skipped by placement until it does.
+    report_interval_s: float = Field(default=1.0, gt=0, le=60)
+    report_timeout_s: float = Field(default=1.0, gt=0, le=60)
+
+
 class Settings(_Section):
     """Everything lipstream can be configured with; build it with ``load_settings``."""
 
@@ -336,3 +360,4 @@ class Settings(_Section):
     tts: TtsSettings = Field(default_factory=TtsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)

@@ -40,6 +40,8 @@ ALLOWED_SUBPACKAGE_IMPORTS = {
     },
     "streaming.live": {"streaming.audio_in", "streaming.webrtc"},
     "streaming.offline": {"streaming.audio_in"},
+    "web.cluster": {"web.schemas"},
+    "web.cli": {"web.cluster"},
 }
 
 

@@ -37,8 +37,11 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.Application:
-    """Build the application; ``core`` lets tests pass a pre-built inference core."""
+def build_app(
+    settings: Settings, *, core: InferenceCore | None = None, session_id_prefix: str = ""
+) -> web.Application:
+    """Build the application; ``core`` lets tests pass a pre-built inference core, and a
+    cluster worker gives its identity as the prefix of its session ids."""
     app = web.Application(
         middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
     )
@@ -55,7 +58,7 @@ def build_app(settings: Settings, *, core: InferenceCore | None = None) -> web.A
 
     async def sessions(app: web.Application) -> AsyncIterator[None]:
         await report_missing_internals()
-        app[SESSIONS] = SessionManager(settings, app[CORE])
+        app[SESSIONS] = SessionManager(settings, app[CORE], session_id_prefix=session_id_prefix)
         yield
         await app[SESSIONS].close_all()
 
@@ -88,6 +91,11 @@ def serve(settings: Settings) -> None:
     signal cuts that short). Then the listener closes and ``cleanup_ctx`` closes the
     remaining sessions and stops the inference core.
     """
+    if settings.cluster.workers:
+        from web.cluster.app import serve_front  # imports Ray only when asked for
+
+        serve_front(settings)
+        return
     loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
     with loopback:
         asyncio.run(_serve(settings))
@@ -99,7 +107,7 @@ async def _serve(settings: Settings) -> None:
     # Requests still running once the drain is over may take their own limit to finish.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
     # Handlers go in before start-up, so a signal during it still ends in a clean exit.
-    with _ShutdownSignals(asyncio.get_running_loop()) as signals:
+    with ShutdownSignals(asyncio.get_running_loop()) as signals:
         await runner.setup()
         try:
             await web.TCPSite(runner, server.host, server.port).start()
@@ -137,7 +145,7 @@ def _log_delay(settings: Settings) -> None:
     )
 
 
-async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSignals) -> None:
+async def _drain(app: web.Application, timeout_s: float, signals: ShutdownSignals) -> None:
     """Refuse new sessions and wait for the live ones to end (or the timeout, or a signal)."""
     app[DRAINING].start()
     sessions = app[SESSIONS]
@@ -170,7 +178,7 @@ async def _drain(app: web.Application, timeout_s: float, signals: _ShutdownSigna
     )
 
 
-class _ShutdownSignals:
+class ShutdownSignals:
     """SIGTERM and SIGINT as something to await, installed on the loop while in use."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -179,7 +187,7 @@ class _ShutdownSignals:
         self._loop = loop
         self._received = asyncio.Event()
 
-    def __enter__(self) -> _ShutdownSignals:
+    def __enter__(self) -> ShutdownSignals:
         for sig in self.SIGNALS:
             self._loop.add_signal_handler(sig, self._on_signal, sig)
         return self

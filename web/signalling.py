@@ -49,15 +49,7 @@ async def offer(request: web.Request) -> web.Response:
     if request.app[DRAINING].draining:  # 503 + Retry-After (web.errors)
         raise SessionLimitError("the server is shutting down; try again shortly")
     settings = request.app[SETTINGS]
-    wait = request.app[OFFER_LIMITER].retry_after(request.remote or "unknown")
-    if wait is not None:
-        raise RequestError(
-            429,
-            "rate_limited",
-            f"too many offers from this address; at most "
-            f"{settings.server.offer_rate_limit_per_minute} per minute",
-            retry_after=max(1, math.ceil(wait)),
-        )
+    refuse_if_rate_limited(request)
     body = await read_json(request, Offer, settings.server.max_offer_bytes)
     avatar = body.avatar_id
     require_token(request, settings.auth, avatar)
@@ -68,6 +60,19 @@ async def offer(request: web.Request) -> web.Response:
     delay = DelayBudget.of(session.delay_budget)
     answer = Answer(sdp=sdp, type="answer", session_id=session.session_id, delay=delay)
     return web.json_response(answer.dump())
+
+
+def refuse_if_rate_limited(request: web.Request) -> None:
+    """429 + Retry-After when the caller's address sent too many offers this minute."""
+    wait = request.app[OFFER_LIMITER].retry_after(request.remote or "unknown")
+    if wait is not None:
+        limit = request.app[SETTINGS].server.offer_rate_limit_per_minute
+        raise RequestError(
+            429,
+            "rate_limited",
+            f"too many offers from this address; at most {limit} per minute",
+            retry_after=max(1, math.ceil(wait)),
+        )
 
 
 def _session(request: web.Request) -> Session:

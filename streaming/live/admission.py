@@ -126,6 +126,14 @@ class Budget:
     max_sessions: int
 
 
+@dataclass(frozen=True)
+class Room:
+    """What is left for new sessions, for a cluster front choosing a worker."""
+
+    sessions: int  # places left under ``server.max_sessions``
+    share: float  # the least-used-up resource's share left, 0..1 (CPU, a device, places)
+
+
 def cpu_ms_per_frame(
     frame_size: tuple[int, int], preset: str, configured: float | None = None
 ) -> float:
@@ -224,6 +232,17 @@ class AdmissionControl:
             headroom=headroom,
             max_sessions=server.max_sessions,
         )
+
+    def room(self, sessions: Sequence[HoldsModel]) -> Room:
+        """What is left next to the live ``sessions`` and the places being set up."""
+        budget = self.budget()
+        running = self._running(sessions, self._measured())
+        places = budget.max_sessions - len(running)
+        shares = [places / budget.max_sessions, 1 - sum(s.cpu_ms for s in running) / budget.cpu_ms]
+        for index, device in enumerate(budget.devices):
+            used = sum(s.inference_ms for s in running if s.device == index)
+            shares.append(1 - used / device.ms)
+        return Room(max(0, places), max(0.0, min(shares)))
 
     def reserve(self, avatar_id: str, sessions: Sequence[HoldsModel]) -> Reservation:
         """Take a place for a session of ``avatar_id``, or raise :class:`SessionLimitError`.

@@ -76,6 +76,8 @@ class SessionManager:
 
     ``on_frame_ready`` and ``on_frame_sent`` are handed to every session created while
     they are set (an observer may set them after construction): see :class:`Session`.
+    Session ids start with ``session_id_prefix`` (a cluster worker's identity, so a front
+    can route a session's requests by its id alone).
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class SessionManager:
         *,
         on_frame_ready: Callable[[FrameStages], None] | None = None,
         on_frame_sent: Callable[[FrameSending], None] | None = None,
+        session_id_prefix: str = "",
     ) -> None:
         self.settings = settings
+        self.session_id_prefix = session_id_prefix
         self.core = core
         self.on_frame_ready = on_frame_ready
         self.on_frame_sent = on_frame_sent
@@ -202,7 +206,7 @@ class SessionManager:
         frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
         pc = RTCPeerConnection(ice_configuration(self.settings))
         session = Session(
-            secrets.token_urlsafe(16),
+            self.session_id_prefix + secrets.token_urlsafe(16),
             pc,
             model,
             frames,

@@ -30,6 +30,7 @@ from inference_core.avatars.package import check_avatar_id
 from inference_core.avatars.validation import validate_package
 from streaming.offline.render import RenderOptions, render_file
 from web.app import serve
+from web.cluster.ray_check import ray_missing
 from web.errors import LIBRARY_ERRORS
 from web.log_format import configure_logging
 from web.session_tokens import mint_token
@@ -51,6 +52,16 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the server (built-in demo avatar by default)")
     serve.add_argument("--host", help="listen address (default: server.host)")
     serve.add_argument("--port", type=int, help="listen port (default: server.port)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes on Ray behind this front (default: cluster.workers; 0 = one "
+        "process); needs pip install 'lipstream[cluster]'",
+    )
+    serve.add_argument(
+        "--ray-address",
+        help="join this Ray cluster instead of starting a local one (default: cluster.ray_address)",
+    )
 
     render = sub.add_parser("render", help="render an audio file to a lip-synced mp4")
     render.add_argument("--avatar", default="demo", help="avatar id (default: demo)")
@@ -92,9 +103,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         if args.command == "serve":
-            settings = apply_cli_overrides(settings, host=args.host, port=args.port)
+            settings = apply_cli_overrides(
+                settings,
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                ray_address=args.ray_address,
+            )
     except ConfigError as exc:
         print(f"lipstream: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve" and settings.cluster.workers and (missing := ray_missing()):
+        print(f"lipstream: {missing}", file=sys.stderr)
         return 2
     configure_logging(settings.logging.level, settings.logging.format)
     try:

@@ -1,0 +1,220 @@
+"""A front and two worker processes on a real local Ray runtime: real aiortc calls through
+the front, placed by model affinity and room, controlled through it, and a worker killed
+mid-call while the other keeps streaming (``docs/architecture.md`` §14)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import ray
+from aiohttp.test_utils import TestClient, TestServer
+
+from config.settings import Settings
+from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
+from tests.media import speech_with_pauses, write_wav
+from tests.packages import make_package
+from tests.webrtc_client import Caller
+from web.cluster.app import FRONT, build_front_app
+from web.cluster.front import ClusterFront
+from web.cluster.placement import parse_session_id
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+MAX_SESSIONS_PER_WORKER = 3
+
+
+@pytest.fixture(scope="module")
+def ray_runtime() -> Iterator[None]:
+    # Two logical GPUs on this CPU-only node: Ray gives each worker its own id.
+    ray.init(
+        num_cpus=4,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=80 * 1024 * 1024,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def front(
+    ray_runtime: None, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[TestClient[Any, Any]]:
+    root = tmp_path_factory.mktemp("cluster")
+    make_package(root / "alice")
+    make_package(root / "bob")
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(root), "data_dir": str(root / "data"), "demo": False},
+            "devices": {"kind": "cpu", "count": 1},
+            "video": {"preset": "ultrafast"},
+            "server": {"ice_loopback_only": True, "max_sessions": MAX_SESSIONS_PER_WORKER},
+            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
+            "cluster": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 1},
+        }
+    )
+    async with TestClient(TestServer(build_front_app(settings), host="127.0.0.1")) as client:
+        yield client
+
+
+def _cluster(client: TestClient[Any, Any]) -> ClusterFront:
+    return client.app[FRONT]  # type: ignore[no-any-return]
+
+
+def _worker_of(caller: Caller) -> str:
+    address = parse_session_id(caller.session_id)
+    assert address is not None, caller.session_id
+    return address.worker
+
+
+async def test_workers_report_and_the_front_is_ready(front: TestClient[Any, Any]) -> None:
+    ready = await front.get("/ready")
+    assert ready.status == 200, await ready.text()
+    assert (await ready.json())["workers"] == {"up": 2, "total": 2}
+    listed = (await (await front.get("/admin/workers")).json())["workers"]
+    assert [w["name"] for w in listed] == ["w0", "w1"]
+    assert all(w["answering"] for w in listed)
+    pids = {w["report"]["pid"] for w in listed}
+    assert len(pids) == 2
+    assert os.getpid() not in pids  # each worker is its own process
+    # Each worker was declared one GPU: Ray gave them one id each.
+    assert sorted(w["report"]["gpus"] for w in listed) == ["0", "1"]
+    # Pages any worker serves come through the front.
+    avatars = await front.get("/avatars")
+    assert avatars.status == 200
+    assert {a["id"] for a in (await avatars.json())["avatars"]} == {"alice", "bob"}
+
+
+async def test_bad_input_is_refused_at_the_front(front: TestClient[Any, Any]) -> None:
+    bad_json = await front.post("/offer", data=b"{not json", headers={"Content-Type": "x"})
+    assert bad_json.status == 400
+    assert (await bad_json.json())["error"]["code"] == "bad_json"
+    bad_sdp = await front.post("/offer", json={"sdp": "v=0", "type": "offer", "avatar": "alice"})
+    assert bad_sdp.status == 400, await bad_sdp.text()
+    for session_id in ("nope", "w9-abcd-token", "w0"):
+        gone = await front.get(f"/sessions/{session_id}")
+        assert gone.status == 404
+        assert (await gone.json())["error"]["code"] == "session_not_found"
+    assert sum(w.report.sessions for w in _cluster(front).workers.values() if w.report) == 0
+
+
+async def test_calls_are_placed_by_model_then_room_and_controlled_through_the_front(
+    front: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    cluster = _cluster(front)
+    pcm, spans = speech_with_pauses(tmp_path, ("one two three four five six",), 0.5)
+    wav = write_wav(tmp_path / "mic.wav", pcm, 16_000)
+    first, second, other = Caller(front, "alice"), Caller(front, "alice"), Caller(front, "bob")
+    try:
+        await first.connect(microphone=wav)
+        await first.wait_for_frames(3)
+        await cluster.refresh()
+        await second.connect()
+        await second.wait_for_frames(3)
+        # The second alice call goes where alice's model is loaded.
+        assert _worker_of(second) == _worker_of(first)
+        await cluster.refresh()
+        await other.connect()
+        await other.wait_for_frames(3)
+        # bob is loaded nowhere: the worker with more room (no calls) takes it.
+        assert _worker_of(other) != _worker_of(first)
+        assert first.received.video_codec == "video/H264"
+
+        # Session control reaches the right worker.
+        said = await front.post(f"/sessions/{other.session_id}/say", json={"text": "hello"})
+        assert said.status == 202, await said.text()
+        interrupted = await front.post(f"/sessions/{other.session_id}/interrupt")
+        assert interrupted.status == 200, await interrupted.text()
+
+        # The microphone call is lip-synced through its worker.
+        async def spoken() -> dict[str, Any] | None:
+            state = await (await front.get(f"/sessions/{first.session_id}")).json()
+            return state if state["frames_inferred"] > 0 else None
+
+        state = await until(spoken, "lip-synced frames on the microphone call")
+        assert state["session_id"] == first.session_id
+        await first.wait_for_media(sum(end for _, end in spans[-1:]) + 0.5)
+        state = await (await front.get(f"/sessions/{first.session_id}")).json()
+        assert_lip_synced(state, due_at_least=0.5 * speech_frames(spans))
+    finally:
+        for caller in (first, second, other):
+            await caller.hang_up()
+    ended = await front.get(f"/sessions/{other.session_id}")
+    assert ended.status == 404
+
+
+async def test_a_full_cluster_refuses_with_retry_after(front: TestClient[Any, Any]) -> None:
+    cluster = _cluster(front)
+    pending = [Caller(front, "alice") for _ in range(2 * MAX_SESSIONS_PER_WORKER)]
+    try:
+        for caller in pending:  # answered but never connected: each holds a place
+            await caller.connect_without_answer()
+        assert {_worker_of(c) for c in pending} == {"w0", "w1"}
+        await cluster.refresh()
+        extra = Caller(front, "bob")
+        pc_offer = await front.post(
+            "/offer",
+            json={"sdp": await _offer_sdp(extra), "type": "offer", "avatar": "bob"},
+        )
+        assert pc_offer.status == 503, await pc_offer.text()
+        assert pc_offer.headers["Retry-After"] == "5"
+        assert (await pc_offer.json())["error"]["code"] == "too_many_sessions"
+        await extra.close()
+    finally:
+        for caller in pending:
+            await caller.hang_up()
+
+
+async def _offer_sdp(caller: Caller) -> str:
+    caller.pc.addTransceiver("video", direction="recvonly")
+    await caller.pc.setLocalDescription(await caller.pc.createOffer())
+    return str(caller.pc.localDescription.sdp)
+
+
+async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
+    front: TestClient[Any, Any],
+) -> None:
+    cluster = _cluster(front)
+    await cluster.refresh()
+    victim, survivor = Caller(front, "alice"), Caller(front, "bob")
+    try:
+        await victim.connect()
+        await victim.wait_for_frames(3)
+        await cluster.refresh()
+        await survivor.connect()
+        await survivor.wait_for_frames(3)
+        lost = _worker_of(victim)
+        assert _worker_of(survivor) != lost
+        before = cluster.workers[lost].report
+        assert before is not None
+        os.kill(before.pid, signal.SIGKILL)
+
+        async def restarted() -> bool:
+            await cluster.refresh()
+            report = cluster.workers[lost].report
+            return report is not None and report.incarnation != before.incarnation
+
+        await until(restarted, f"Ray to restart worker {lost}")
+        gone = await front.get(f"/sessions/{victim.session_id}")
+        assert gone.status == 410
+        assert (await gone.json())["error"]["code"] == "session_lost"
+        # The other worker's call kept going: it receives frames after the kill.
+        received = len(survivor.video_indices)
+        await survivor.wait_for_frames(received + 10)
+        state = await front.get(f"/sessions/{survivor.session_id}")
+        assert state.status == 200
+        # New calls are taken again, by a worker that answers.
+        fresh = Caller(front, "alice")
+        await fresh.connect()
+        await fresh.wait_for_frames(3)
+        await fresh.hang_up()
+    finally:
+        await victim.close()
+        await survivor.hang_up()

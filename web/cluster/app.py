@@ -1,0 +1,295 @@
+"""The front's HTTP app: the same API as one process, served by workers behind it.
+
+``lipstream serve`` with ``cluster.workers: N`` runs this app instead of the single-process
+one (``docs/architecture.md`` §14):
+
+- ``POST /offer`` is checked here exactly as one process checks it (draining, the
+  per-address rate limit, the body cap, the JSON, the session token, the SDP) before any
+  worker is asked; then it goes to the first worker :func:`~web.cluster.placement.candidates`
+  names that accepts it. A worker that refuses for capacity (503) is skipped for the next;
+  when all refuse, the caller gets 503 + Retry-After with their reasons.
+- ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
+  worker has that name, ``410 session_lost`` when the worker restarted since).
+- ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call).
+- ``/health``, ``/ready`` (200 while at least one worker answers and the front is not
+  draining) and ``/admin/workers`` (each worker's last report) are the front's own.
+- Anything else (the demo page, ``/avatars``, ``/webrtc-config``, the admin API of one
+  worker) goes to a worker that answers.
+
+Requests are forwarded with their method, path, query, headers and body; responses come
+back with their status, JSON error body and ``Retry-After``. Media never passes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from config.settings import Settings
+from streaming.exceptions import SessionLimitError
+from streaming.webrtc.offer_check import OfferLimits, check_offer
+from web.admin_auth import admin_only
+from web.app_keys import DRAINING, OFFER_LIMITER, SETTINGS, DrainState
+from web.cluster.front import ClusterFront
+from web.cluster.placement import WorkerState, candidates, parse_session_id
+from web.cors import cors_middleware
+from web.errors import RequestError, error_middleware
+from web.rate_limit import RateLimiter
+from web.request_body import parse_body, read_limited
+from web.schemas.signalling import Offer
+from web.session_tokens import require_token
+from web.signalling import refuse_if_rate_limited
+
+logger = logging.getLogger(__name__)
+
+FRONT = web.AppKey("cluster_front", ClusterFront)
+HTTP = web.AppKey("cluster_http", aiohttp.ClientSession)
+
+#: Request headers not passed on: hop-by-hop, or the worker's own (Host). Content-Length
+#: is kept: the body goes on unchanged (streamed, or the offer's bytes as read).
+_DROPPED_REQUEST = {"host", "transfer-encoding", "connection", "keep-alive"}
+#: Response headers passed back.
+_KEPT_RESPONSE = ("Content-Type", "Retry-After", "Cache-Control", "Last-Modified", "ETag")
+#: Seconds a refused caller is told to wait when no worker has room.
+RETRY_AFTER_S = 5
+
+
+def build_front_app(settings: Settings, *, front: ClusterFront | None = None) -> web.Application:
+    """The front app; ``front`` lets tests pass a started :class:`ClusterFront`."""
+    app = web.Application(
+        middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
+    )
+    app[SETTINGS] = settings
+    app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
+    app[DRAINING] = DrainState()
+
+    async def workers(app: web.Application) -> AsyncIterator[None]:
+        if front is None:
+            app[FRONT] = ClusterFront(settings)
+            await app[FRONT].start()
+        else:
+            app[FRONT] = front
+        timeout = aiohttp.ClientTimeout(total=settings.server.request_timeout_s)
+        app[HTTP] = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        yield
+        await app[HTTP].close()
+        if front is None:
+            await app[FRONT].close()
+
+    app.cleanup_ctx.append(workers)
+    router = app.router
+    router.add_post("/offer", offer)
+    router.add_route("*", "/sessions/{session_id}", to_session)
+    router.add_route("*", "/sessions/{session_id}/{tail:.*}", to_session)
+    router.add_route("*", "/v1/infer/{model_id}", to_model)
+    router.add_get("/health", health)
+    router.add_get("/ready", ready)
+    router.add_get("/admin/workers", admin_only(list_workers))
+    router.add_route("*", "/{tail:.*}", to_any)
+    return app
+
+
+async def offer(request: web.Request) -> web.Response:
+    """Check the offer here, then ask the best workers in turn (module doc)."""
+    if request.app[DRAINING].draining:
+        raise SessionLimitError("the server is shutting down; try again shortly")
+    settings = request.app[SETTINGS]
+    refuse_if_rate_limited(request)
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
+    body = parse_body(Offer, raw)
+    require_token(request, settings.auth, body.avatar_id)
+    check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
+    front = request.app[FRONT]
+    tried = candidates(body.avatar_id, list(front.workers.values()))
+    if not tried:
+        up = sum(w.usable for w in front.workers.values())
+        raise RequestError(
+            503,
+            "too_many_sessions",
+            f"no worker has room for another session ({up} of {len(front.workers)} "
+            "workers answering); try again later",
+            retry_after=RETRY_AFTER_S,
+        )
+    refusals = []
+    for worker in tried:
+        response = await _forward(request, worker, raw)
+        if response.status != 503:
+            return response
+        refusals.append(f"{worker.name}: {_message(response)}")
+    raise RequestError(
+        503, "too_many_sessions", "; ".join(refusals)[:1000], retry_after=RETRY_AFTER_S
+    )
+
+
+async def to_session(request: web.Request) -> web.StreamResponse:
+    """A session's request, to the worker that holds the session."""
+    session_id = request.match_info["session_id"]
+    address = parse_session_id(session_id)
+    worker = request.app[FRONT].workers.get(address.worker) if address is not None else None
+    if address is None or worker is None:
+        raise RequestError(404, "session_not_found", f"no live session {session_id[:64]!r}")
+    report = worker.report
+    if report is not None and report.incarnation != address.incarnation:
+        raise RequestError(
+            410,
+            "session_lost",
+            f"session {session_id[:64]!r} was lost: its worker {worker.name} restarted",
+        )
+    if not worker.answering or report is None:
+        raise RequestError(
+            503,
+            "worker_unavailable",
+            f"the worker of session {session_id[:64]!r} ({worker.name}) is not answering",
+            retry_after=1,
+        )
+    return await _forward(request, worker, request.content)
+
+
+async def to_model(request: web.Request) -> web.StreamResponse:
+    """A raw inference request, to a worker holding the model (else the one with most room)."""
+    model_id = request.match_info["model_id"]
+    workers = candidates(model_id, list(request.app[FRONT].workers.values()))
+    if not workers:
+        raise RequestError(
+            503, "worker_unavailable", "no worker is answering", retry_after=RETRY_AFTER_S
+        )
+    return await _forward(request, workers[0], request.content)
+
+
+async def to_any(request: web.Request) -> web.StreamResponse:
+    """Anything else, to a worker that answers (they all serve the same pages)."""
+    answering = [w for w in request.app[FRONT].workers.values() if w.answering]
+    if not answering:
+        raise RequestError(
+            503, "worker_unavailable", "no worker is answering", retry_after=RETRY_AFTER_S
+        )
+    return await _forward(request, answering[0], request.content)
+
+
+async def health(request: web.Request) -> web.Response:
+    """Alive: the front's event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 while at least one worker answers and the front is not draining; else 503."""
+    workers = request.app[FRONT].workers.values()
+    up = sum(w.usable for w in workers)
+    reasons = []
+    if up == 0:
+        reasons.append(f"none of the {len(workers)} workers is answering")
+    if request.app[DRAINING].draining:
+        reasons.append("the server is draining: it takes no new sessions")
+    body: dict[str, Any] = {"ready": not reasons, "workers": {"up": up, "total": len(workers)}}
+    if reasons:
+        body["reasons"] = reasons
+    return web.json_response(body, status=503 if reasons else 200)
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    """Every worker's state and last report."""
+    return web.json_response(
+        {"workers": [_worker_json(w) for w in request.app[FRONT].workers.values()]}
+    )
+
+
+def _worker_json(worker: WorkerState) -> dict[str, Any]:
+    r = worker.report
+    return {
+        "name": worker.name,
+        "answering": worker.answering,
+        "failures": worker.failures,
+        "last_error": worker.last_error,
+        "report": None
+        if r is None
+        else {
+            "incarnation": r.incarnation,
+            "url": r.url,
+            "node": r.node,
+            "pid": r.pid,
+            "models": sorted(r.models),
+            "sessions": r.sessions,
+            "room_sessions": r.room_sessions,
+            "room_share": round(r.room_share, 4),
+            "draining": r.draining,
+            "gpus": r.gpus,
+        },
+    }
+
+
+async def _forward(
+    request: web.Request, worker: WorkerState, body: bytes | aiohttp.StreamReader
+) -> web.Response:
+    """``request`` as sent to ``worker`` (its body read already, or streamed through as it
+    arrives: the worker applies its own size limits); its answer, or 503 when it does not
+    answer."""
+    assert worker.report is not None
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_REQUEST}
+    headers["X-Forwarded-For"] = request.remote or "unknown"
+    url = worker.report.url + request.path_qs
+    try:
+        async with request.app[HTTP].request(
+            request.method,
+            url,
+            headers=headers,
+            data=body if request.body_exists else None,
+            allow_redirects=False,
+        ) as answer:
+            payload = await answer.read()
+            kept = {k: answer.headers[k] for k in _KEPT_RESPONSE if k in answer.headers}
+            return web.Response(status=answer.status, body=payload, headers=kept)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        worker.answering = False  # until its next report says otherwise
+        worker.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        logger.warning("cluster: worker %s did not answer %s: %r", worker.name, url, exc)
+        raise RequestError(
+            503, "worker_unavailable", f"worker {worker.name} did not answer", retry_after=1
+        ) from None
+
+
+def _message(response: web.Response) -> str:
+    try:
+        return str(json.loads(response.body)["error"]["message"])  # type: ignore[arg-type]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status}"
+
+
+def serve_front(settings: Settings) -> None:
+    """Run the front and its workers until SIGTERM/SIGINT, then drain every worker."""
+    asyncio.run(_serve_front(settings))
+
+
+async def _serve_front(settings: Settings) -> None:
+    from web.app import ShutdownSignals  # the single-process server's signal handling
+
+    server = settings.server
+    app = build_front_app(settings)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
+    with ShutdownSignals(asyncio.get_running_loop()) as signals:
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, server.host, server.port).start()
+            logger.info(
+                "front serving on http://%s:%d with %d workers",
+                server.host,
+                server.port,
+                settings.cluster.workers,
+            )
+            await signals.wait()
+            app[DRAINING].start()
+            logger.info("draining every worker for up to %.0f s", server.drain_timeout_s)
+            drained = asyncio.create_task(app[FRONT].drain(server.drain_timeout_s))
+            again = asyncio.create_task(signals.wait())
+            await asyncio.wait({drained, again}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (drained, again):
+                task.cancel()
+            await asyncio.gather(drained, again, return_exceptions=True)
+        finally:
+            await runner.cleanup()
+    logger.info("front stopped")

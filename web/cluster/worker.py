@@ -1,0 +1,139 @@
+"""One cluster worker: a whole lipstream server in its own process, run as a Ray actor.
+
+The worker is the single-process server (``web.app.build_app``: its inference core, its
+sessions, their encoders and peer connections, its own event loop) listening on
+``cluster.worker_host`` at a port the OS picks. The front reaches it over HTTP for every
+request it routes (media never passes the front: the caller's UDP goes to the worker's
+own ICE candidates) and over Ray only for the small :class:`WorkerReport` and to drain
+it (``docs/architecture.md`` §14).
+
+Ray runs this class as an async actor, so its methods run on the actor's event loop, the
+same loop the aiohttp server and aiortc use. The server starts on the first call (Ray
+re-runs ``__init__`` when it restarts a dead worker, and ``__init__`` cannot await), and
+each start is a new incarnation: session ids made before a restart name the old one, and
+the front answers them ``410 session_lost``. Nothing here imports Ray: the front wraps
+the class with ``ray.remote`` (``web/cluster/front.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+
+from aiohttp import web
+
+from config.settings import Settings
+from streaming.webrtc.compat import loopback_only_ice
+from web.app import build_app
+from web.app_keys import CORE, DRAINING, SESSIONS
+from web.cluster.placement import SEPARATOR, WorkerReport
+from web.log_format import configure_logging
+
+logger = logging.getLogger(__name__)
+
+
+def worker_settings(settings: Settings) -> Settings:
+    """A worker's settings: the server's, as one process on an OS-chosen port.
+
+    The front limits offers per caller address before any worker is asked, so the
+    workers (which see only the front's address) do not limit them again.
+    """
+    server = settings.server.model_copy(
+        update={"host": settings.cluster.worker_host, "port": 0, "offer_rate_limit_per_minute": 0}
+    )
+    cluster = settings.cluster.model_copy(update={"workers": 0})
+    return settings.model_copy(update={"server": server, "cluster": cluster})
+
+
+class Worker:
+    """A lipstream server named ``name`` (``lipstream-w0``…), started on first use."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self._settings = worker_settings(settings)
+        self._name = name
+        self._incarnation = secrets.token_hex(4)
+        self._runner: web.AppRunner | None = None
+        self._url = ""
+        self._lock = asyncio.Lock()
+        configure_logging(settings.logging.level, settings.logging.format)
+        if self._settings.server.ice_loopback_only:  # for the life of this process
+            self._loopback = contextlib.ExitStack()
+            self._loopback.enter_context(loopback_only_ice())
+
+    async def report(self) -> WorkerReport:
+        """What this worker holds and how much room it has (starting it if needed)."""
+        app = await self._app()
+        sessions = app[SESSIONS]
+        room = sessions.admission.room(sessions.sessions)
+        core = await app[CORE].snapshot()
+        return WorkerReport(
+            name=self._name,
+            incarnation=self._incarnation,
+            url=self._url,
+            node=_node_address(),
+            pid=os.getpid(),
+            models=frozenset(m.model_id for m in core.models if m.state == "loaded"),
+            sessions=sessions.live_count,
+            room_sessions=room.sessions,
+            room_share=room.share,
+            draining=app[DRAINING].draining,
+            gpus=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+
+    async def drain(self, timeout_s: float) -> int:
+        """Take no new sessions; wait up to ``timeout_s`` for the live ones to end.
+        Returns how many are still live."""
+        app = await self._app()
+        app[DRAINING].start()
+        sessions = app[SESSIONS]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sessions.wait_until_empty(), timeout_s)
+        return sessions.live_count
+
+    async def stop(self) -> None:
+        """Close the sessions, stop the server (the process then exits with the actor)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            logger.info("worker %s (%s) stopped", self._name, self._incarnation)
+
+    async def _app(self) -> web.Application:
+        async with self._lock:
+            if self._runner is None:
+                await self._start()
+            assert self._runner is not None
+            return self._runner.app
+
+    async def _start(self) -> None:
+        server = self._settings.server
+        prefix = f"{self._name}{SEPARATOR}{self._incarnation}{SEPARATOR}"
+        app = build_app(self._settings, session_id_prefix=prefix)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
+        await runner.setup()
+        site = web.TCPSite(runner, server.host, 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        host = _node_address() if server.host in ("0.0.0.0", "::", "") else server.host
+        self._url = f"http://{host}:{port}"
+        self._runner = runner
+        logger.info(
+            "worker %s (incarnation %s, pid %d) serving on %s",
+            self._name,
+            self._incarnation,
+            os.getpid(),
+            self._url,
+        )
+
+
+def _node_address() -> str:
+    """This node's address as other nodes reach it (the one a default route uses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, a route is chosen
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
