@@ -1,6 +1,7 @@
-"""A front and two worker processes on a real local Ray runtime: real aiortc calls through
-the front, placed by model affinity and room, controlled through it, and a worker killed
-mid-call while the other keeps streaming (``docs/architecture.md`` §14)."""
+"""A front and two worker processes on a real local Ray cluster of two nodes: real aiortc
+calls through the front, placed by model affinity and room, controlled through it; a
+worker killed, a worker hung and a node lost mid-call while the other worker's call keeps
+streaming (``docs/architecture.md`` §14)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import pytest_asyncio
 import ray
 from aiohttp.test_utils import TestClient, TestServer
+from ray.cluster_utils import Cluster
 
 from config.settings import Settings
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
@@ -29,23 +31,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 MAX_SESSIONS_PER_WORKER = 3
 
 
+NODE = {"num_cpus": 2, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
+
+
 @pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[None]:
-    # Two logical GPUs on this CPU-only node: Ray gives each worker its own id.
-    ray.init(
-        num_cpus=4,
-        num_gpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=80 * 1024 * 1024,
+def ray_cluster() -> Iterator[Cluster]:
+    """Two Ray nodes on this machine, each with one logical GPU: a worker declared one GPU
+    fits on each node, so the two workers land on different nodes."""
+    cluster = Cluster(
+        initialize_head=True, connect=True, head_node_args={**NODE, "include_dashboard": False}
     )
-    yield
+    cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    yield cluster
     ray.shutdown()
+    cluster.shutdown()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def front(
-    ray_runtime: None, tmp_path_factory: pytest.TempPathFactory
+    ray_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[TestClient[Any, Any]]:
     root = tmp_path_factory.mktemp("cluster")
     make_package(root / "alice")
@@ -84,8 +89,9 @@ async def test_workers_report_and_the_front_is_ready(front: TestClient[Any, Any]
     pids = {w["report"]["pid"] for w in listed}
     assert len(pids) == 2
     assert os.getpid() not in pids  # each worker is its own process
-    # Each worker was declared one GPU: Ray gave them one id each.
-    assert sorted(w["report"]["gpus"] for w in listed) == ["0", "1"]
+    # Each worker was declared one GPU: each has its node's, as Ray set it.
+    assert [w["report"]["gpus"] for w in listed] == ["0", "0"]
+    assert len({w["report"]["node_id"] for w in listed}) == 2  # one worker per node
     # Pages any worker serves come through the front.
     avatars = await front.get("/avatars")
     assert avatars.status == 200
@@ -218,3 +224,76 @@ async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
     finally:
         await victim.close()
         await survivor.hang_up()
+
+
+async def test_a_hung_worker_is_skipped_and_the_front_keeps_answering(
+    front: TestClient[Any, Any],
+) -> None:
+    cluster = _cluster(front)
+    await cluster.refresh()
+    hung = cluster.workers["w0"].report
+    assert hung is not None
+    os.kill(hung.pid, signal.SIGSTOP)  # the process stops answering anything
+    try:
+        await cluster.refresh()  # returns within cluster.report_timeout_s
+        assert not cluster.workers["w0"].answering
+        ready = await (await front.get("/ready")).json()
+        assert ready["workers"] == {"up": 1, "total": 2}
+        caller = Caller(front, "alice")  # alice's model may be on w0: w1 takes the call
+        await caller.connect()
+        await caller.wait_for_frames(3)
+        assert _worker_of(caller) == "w1"
+        await caller.hang_up()
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+
+    async def answering() -> bool:
+        await cluster.refresh()
+        return cluster.workers["w0"].answering
+
+    await until(answering, "the resumed worker to answer again")
+    report = cluster.workers["w0"].report
+    assert report is not None
+    assert report.incarnation == hung.incarnation  # the same process, not a restart
+
+
+async def test_a_lost_node_takes_its_worker_and_the_other_node_serves_on(
+    front: TestClient[Any, Any], ray_cluster: Cluster
+) -> None:
+    cluster = _cluster(front)
+    await cluster.refresh()
+    (node,) = ray_cluster.worker_nodes
+    doomed = next(
+        w for w in cluster.workers.values() if w.report and w.report.node_id == node.node_id
+    )
+    survivor = next(w for w in cluster.workers.values() if w is not doomed)
+    caller = Caller(front, "bob")
+    try:
+        await caller.connect()
+        await caller.wait_for_frames(3)
+        ray_cluster.remove_node(node)
+
+        async def gone() -> bool:
+            await cluster.refresh()
+            return not doomed.answering
+
+        await until(gone, f"the front to see worker {doomed.name} gone")
+        ready = await (await front.get("/ready")).json()
+        assert ready["workers"] == {"up": 1, "total": 2}
+        fresh = Caller(front, "alice")
+        await fresh.connect()
+        await fresh.wait_for_frames(3)
+        assert _worker_of(fresh) == survivor.name
+        await fresh.hang_up()
+        if _worker_of(caller) == survivor.name:  # its call was not on the lost node
+            received = len(caller.video_indices)
+            await caller.wait_for_frames(received + 10)
+    finally:
+        await caller.close()
+        ray_cluster.add_node(**NODE)  # Ray restarts the lost worker on the new node
+
+    async def back() -> bool:
+        await cluster.refresh()
+        return doomed.answering
+
+    await until(back, f"worker {doomed.name} to come back on a new node")

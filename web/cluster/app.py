@@ -120,6 +120,7 @@ async def offer(request: web.Request) -> web.Response:
     for worker in tried:
         response = await _forward(request, worker, raw)
         if response.status != 503:
+            front.report_soon(worker.name)  # its load changed: placement sees it at once
             return response
         refusals.append(f"{worker.name}: {_message(response)}")
     raise RequestError(
@@ -212,6 +213,7 @@ def _worker_json(worker: WorkerState) -> dict[str, Any]:
             "incarnation": r.incarnation,
             "url": r.url,
             "node": r.node,
+            "node_id": r.node_id,
             "pid": r.pid,
             "models": sorted(r.models),
             "sessions": r.sessions,

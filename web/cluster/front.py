@@ -59,6 +59,7 @@ class ClusterFront:
         self._actors: dict[str, Any] = {}
         self.workers: dict[str, WorkerState] = {}
         self._refresh: asyncio.Task[None] | None = None
+        self._soon: set[asyncio.Task[None]] = set()  # reports asked for after an offer
 
     async def start(self) -> None:
         """Connect to Ray, start the workers, wait for each one's first report."""
@@ -132,6 +133,16 @@ class ClusterFront:
             logger.info("cluster: worker %s answering at %s", name, report.url)
         state.report, state.answering, state.failures, state.last_error = report, True, 0, None
 
+    def report_soon(self, name: str) -> None:
+        """Pull worker ``name``'s report now, without waiting for it (a session started
+        there): placement sees its new load before the next round."""
+        task = asyncio.create_task(
+            self._pull(name, self._actors[name], self._cluster.report_timeout_s),
+            name=f"lipstream-cluster-report-{name}",
+        )
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
+
     async def _keep_fresh(self) -> None:
         while True:
             await asyncio.sleep(self._cluster.report_interval_s)
@@ -148,10 +159,11 @@ class ClusterFront:
 
     async def close(self) -> None:
         """Stop the reports and the workers, and Ray if this front started it."""
-        if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+        for task in [self._refresh, *self._soon]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(*(self._call(a.stop.remote(), 30.0) for a in self._actors.values()))
         if self._ray is not None:
             for actor in self._actors.values():

@@ -32,6 +32,7 @@ class WorkerReport:
     incarnation: str  # new every time the worker process starts
     url: str  # where the front reaches its HTTP API
     node: str  # the node's address
+    node_id: str  # Ray's id of the node ("" outside Ray)
     pid: int  # the worker's process
     models: frozenset[str]  # models it holds loaded
     sessions: int  # live sessions

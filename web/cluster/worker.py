@@ -12,7 +12,8 @@ same loop the aiohttp server and aiortc use. The server starts on the first call
 re-runs ``__init__`` when it restarts a dead worker, and ``__init__`` cannot await), and
 each start is a new incarnation: session ids made before a restart name the old one, and
 the front answers them ``410 session_lost``. Nothing here imports Ray: the front wraps
-the class with ``ray.remote`` (``web/cluster/front.py``).
+the class with ``ray.remote`` (``web/cluster/front.py``); only the node id in a report asks
+Ray, when it runs the worker.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Worker:
             incarnation=self._incarnation,
             url=self._url,
             node=_node_address(),
+            node_id=_ray_node_id(),
             pid=os.getpid(),
             models=frozenset(m.model_id for m in core.models if m.state == "loaded"),
             sessions=sessions.live_count,
@@ -127,6 +129,16 @@ class Worker:
             os.getpid(),
             self._url,
         )
+
+
+def _ray_node_id() -> str:
+    """The Ray node this worker runs on ("" when not run by Ray, as in unit tests)."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # not in a Ray worker: no node id to give
+        return ""
 
 
 def _node_address() -> str:
