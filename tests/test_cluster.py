@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 import ray
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
 from config.settings import Settings
@@ -38,11 +39,10 @@ NODE = {"num_cpus": 2, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
 def ray_cluster() -> Iterator[Cluster]:
     """Two Ray nodes on this machine, each with one logical GPU: a worker declared one GPU
     fits on each node, so the two workers land on different nodes."""
-    cluster = Cluster(
-        initialize_head=True, connect=True, head_node_args={**NODE, "include_dashboard": False}
-    )
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
     yield cluster
     ray.shutdown()
     cluster.shutdown()
@@ -297,3 +297,65 @@ async def test_a_lost_node_takes_its_worker_and_the_other_node_serves_on(
         return doomed.answering
 
     await until(back, f"worker {doomed.name} to come back on a new node")
+
+
+async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any]) -> None:
+    cluster = _cluster(front)
+    await cluster.refresh()
+    one, two = Caller(front, "alice"), Caller(front, "bob")
+    try:
+        await one.connect()
+        await one.wait_for_frames(3)
+        await cluster.refresh()
+        await two.connect()
+        await two.wait_for_frames(3)
+        where = {one.session_id: _worker_of(one), two.session_id: _worker_of(two)}
+        assert len(set(where.values())) == 2
+
+        listed = await (await front.get("/admin/sessions")).json()
+        assert {s["id"]: s["worker"] for s in listed["sessions"]} == where
+        assert listed["unavailable"] == {}
+        stats = await (await front.get("/admin/stats")).json()
+        assert stats["global"]["live_sessions"] == 2
+        assert (stats["global"]["workers_answering"], stats["global"]["workers"]) == (2, 2)
+        assert set(stats["workers"]) == {"w0", "w1"}
+        models = (await (await front.get("/admin/models")).json())["models"]
+        assert sorted((m["id"], m["worker"]) for m in models) == [
+            ("alice", "w0"),
+            ("alice", "w1"),
+            ("bob", "w0"),
+            ("bob", "w1"),
+        ]
+        # A load can target a worker: bob on alice's worker.
+        target = where[one.session_id]
+        loaded = await front.post(f"/admin/models/bob/load?worker={target}")
+        assert loaded.status == 200, await loaded.text()
+        models = (await (await front.get("/admin/models")).json())["models"]
+        states = {(m["id"], m["worker"]): m["state"] for m in models}
+        assert states[("bob", target)] == "loaded"
+        unknown = await front.post("/admin/models/bob/load?worker=w7")
+        assert unknown.status == 404
+
+        scraped = await front.get("/metrics")
+        assert scraped.status == 200
+        families = {f.name: f for f in text_string_to_metric_families(await scraped.text())}
+        live = [s for s in families["lipstream_sessions_live"].samples]
+        assert sorted(s.labels["worker"] for s in live) == ["w0", "w1"]
+        assert sum(s.value for s in live) == 2
+        workers = {
+            s.labels["state"]: s.value for s in families["lipstream_cluster_workers"].samples
+        }
+        assert workers == {"answering": 2, "not_answering": 0}
+        for family in families.values():
+            for sample in family.samples:
+                assert one.session_id not in sample.labels.values()
+
+        # The operator's admin rule holds at the front: a proxied request is not local.
+        proxied = await front.get("/admin/sessions", headers={"X-Forwarded-For": "203.0.113.9"})
+        assert proxied.status == 403
+        ended = await front.delete(f"/admin/sessions/{one.session_id}")
+        assert ended.status == 200, await ended.text()
+        assert (await front.get(f"/sessions/{one.session_id}")).status == 404
+    finally:
+        await one.close()
+        await two.hang_up()

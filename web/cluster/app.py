@@ -34,8 +34,9 @@ from aiohttp import web
 from config.settings import Settings
 from streaming.exceptions import SessionLimitError
 from streaming.webrtc.offer_check import OfferLimits, check_offer
-from web.admin_auth import admin_only
+from web.admin_auth import Handler, admin_denial, admin_only
 from web.app_keys import DRAINING, OFFER_LIMITER, SETTINGS, DrainState
+from web.cluster import aggregate
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
 from web.cors import cors_middleware
@@ -91,8 +92,25 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     router.add_get("/health", health)
     router.add_get("/ready", ready)
     router.add_get("/admin/workers", admin_only(list_workers))
+    router.add_get("/admin/sessions", admin_only(_view(aggregate.sessions)))
+    router.add_get("/admin/models", admin_only(_view(aggregate.models)))
+    router.add_get("/admin/stats", admin_only(_view(aggregate.stats)))
+    router.add_post(
+        "/admin/models/{model_id}/{action:load|unload}", admin_only(_view(aggregate.model_action))
+    )
+    router.add_delete("/admin/sessions/{session_id}", admin_only(to_session))
+    router.add_get("/metrics", _view(aggregate.metrics))
     router.add_route("*", "/{tail:.*}", to_any)
     return app
+
+
+def _view(view: aggregate.View) -> Handler:
+    """An aggregate view as a route handler."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await view(request, request.app[FRONT], request.app[HTTP])
+
+    return handler
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -149,7 +167,8 @@ async def to_session(request: web.Request) -> web.StreamResponse:
             f"the worker of session {session_id[:64]!r} ({worker.name}) is not answering",
             retry_after=1,
         )
-    return await _forward(request, worker, request.content)
+    admin = request.path.startswith("/admin/")  # a hang-up by an admin, let in at the front
+    return await _forward(request, worker, request.content, admin=admin)
 
 
 async def to_model(request: web.Request) -> web.StreamResponse:
@@ -165,12 +184,18 @@ async def to_model(request: web.Request) -> web.StreamResponse:
 
 async def to_any(request: web.Request) -> web.StreamResponse:
     """Anything else, to a worker that answers (they all serve the same pages)."""
+    admin = request.path == "/admin" or request.path.startswith("/admin/")
+    if admin:  # the operator's rule, here; the worker then takes the front's token
+        token = request.app[SETTINGS].server.admin_token
+        denial = admin_denial(request, token, page=request.path == "/admin")
+        if denial is not None:
+            return denial
     answering = [w for w in request.app[FRONT].workers.values() if w.answering]
     if not answering:
         raise RequestError(
             503, "worker_unavailable", "no worker is answering", retry_after=RETRY_AFTER_S
         )
-    return await _forward(request, answering[0], request.content)
+    return await _forward(request, answering[0], request.content, admin=admin)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -226,7 +251,11 @@ def _worker_json(worker: WorkerState) -> dict[str, Any]:
 
 
 async def _forward(
-    request: web.Request, worker: WorkerState, body: bytes | aiohttp.StreamReader
+    request: web.Request,
+    worker: WorkerState,
+    body: bytes | aiohttp.StreamReader,
+    *,
+    admin: bool = False,
 ) -> web.Response:
     """``request`` as sent to ``worker`` (its body read already, or streamed through as it
     arrives: the worker applies its own size limits); its answer, or 503 when it does not
@@ -234,6 +263,9 @@ async def _forward(
     assert worker.report is not None
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_REQUEST}
     headers["X-Forwarded-For"] = request.remote or "unknown"
+    if admin:
+        token = request.app[FRONT].worker_admin_token.get_secret_value()
+        headers["Authorization"] = f"Bearer {token}"
     url = worker.report.url + request.path_qs
     try:
         async with request.app[HTTP].request(

@@ -21,7 +21,10 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 from typing import Any
+
+from pydantic import SecretStr
 
 from config.settings import Settings
 from web.cluster.placement import WorkerReport, WorkerState
@@ -52,8 +55,15 @@ class ClusterFront:
     """The workers of one front (see the module doc); :meth:`start` before use."""
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+        self.settings = settings
         self._cluster = settings.cluster
+        # The workers' admin token: the operator's, or one only this front knows (the
+        # front applies the operator's access rule; web/cluster/aggregate.py).
+        self.worker_admin_token = settings.server.admin_token or SecretStr(
+            secrets.token_urlsafe(32)
+        )
+        server = settings.server.model_copy(update={"admin_token": self.worker_admin_token})
+        self._worker_settings = settings.model_copy(update={"server": server})
         self._ray: Any = None
         self._started_ray = False
         self._actors: dict[str, Any] = {}
@@ -76,7 +86,7 @@ class ClusterFront:
                 num_gpus=self._cluster.gpus_per_worker,
                 max_restarts=self._cluster.max_restarts,
                 max_task_retries=0,  # at most once: a say or an audio push is never replayed
-            ).remote(self._settings, name)
+            ).remote(self._worker_settings, name)
             self.workers[name] = WorkerState(name)
         await self.refresh(timeout_s=FIRST_REPORT_TIMEOUT_S)
         up = sum(w.answering for w in self.workers.values())

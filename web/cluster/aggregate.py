@@ -1,0 +1,224 @@
+"""The front's operator views: every worker's admin figures and metrics in one answer.
+
+Each view asks every answering worker at once, each within ``cluster.report_timeout_s``
+(a slow worker never holds the answer up: it is listed under ``unavailable``), and adds
+who answered: ``worker`` and ``node`` fields in the admin JSON, ``worker`` and ``node``
+labels on every Prometheus series (never per-model or per-session labels,
+``docs/architecture.md`` §14).
+
+- ``GET /admin/sessions``: every worker's sessions, each with its worker and node.
+- ``GET /admin/models``: every worker's models, each with its worker and node; the same
+  avatar appears once per worker.
+- ``GET /admin/stats``: each worker's stats under ``workers``, and ``global`` summing the
+  counts (sessions, frames served and dropped, models loaded) over them.
+- ``POST /admin/models/{id}/load?worker=w1`` and ``…/unload``: on the named worker; without
+  ``worker``, a load goes where placement would put a call of that avatar and an unload
+  goes to every worker that holds the model.
+- ``GET /metrics``: the workers' series, labelled, then the front's own
+  (``lipstream_cluster_workers{state}``).
+
+The front calls the workers' admin API with the workers' admin token: the operator's
+``server.admin_token``, or, when none is set, one the front made at start (workers then
+take admin calls only from the front or from their own machine). The operator's access
+rule is applied at the front, to the front's own routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from web.cluster.front import ClusterFront
+from web.cluster.placement import WorkerState, candidates
+from web.errors import RequestError
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: An aggregate view: the request, the front, and the HTTP client to reach the workers.
+View = Callable[[web.Request, ClusterFront, aiohttp.ClientSession], Awaitable[web.Response]]
+#: ``global`` counts summed over the workers in ``/admin/stats``.
+_SUMMED = (
+    "models_loaded",
+    "live_sessions",
+    "sessions_started",
+    "sessions_ended",
+    "sessions_rejected",
+    "frames_served",
+)
+
+
+async def gather(
+    front: ClusterFront,
+    http: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    workers: list[WorkerState] | None = None,
+    *,
+    text: bool = False,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``method path`` on every answering worker (or ``workers``) at once: their answers
+    by worker name, and why each one that did not answer did not."""
+    answering = [w for w in front.workers.values() if w.answering]
+    asked = workers if workers is not None else answering
+    timeout = aiohttp.ClientTimeout(total=front.settings.cluster.report_timeout_s)
+    headers = {"Authorization": f"Bearer {front.worker_admin_token.get_secret_value()}"}
+
+    async def one(worker: WorkerState) -> Any:
+        assert worker.report is not None
+        url = worker.report.url + path
+        async with http.request(method, url, headers=headers, timeout=timeout) as answer:
+            if answer.status >= 400:
+                raise RequestError(answer.status, "worker_error", (await answer.text())[:300])
+            return await (answer.text() if text else answer.json())
+
+    results = await asyncio.gather(*(one(w) for w in asked), return_exceptions=True)
+    answers: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
+    for worker, result in zip(asked, results, strict=True):
+        if isinstance(result, BaseException):
+            unavailable[worker.name] = f"{type(result).__name__}: {result}"[:300]
+        else:
+            answers[worker.name] = result
+    for worker in front.workers.values():
+        if worker not in asked and workers is None:
+            unavailable[worker.name] = worker.last_error or "not answering"
+    return answers, unavailable
+
+
+def _where(front: ClusterFront, name: str) -> dict[str, str]:
+    report = front.workers[name].report
+    return {"worker": name, "node": report.node if report is not None else ""}
+
+
+async def sessions(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    answers, unavailable = await gather(front, http, "GET", "/admin/sessions")
+    listed = [
+        {**session, **_where(front, name)}
+        for name, body in answers.items()
+        for session in body["sessions"]
+    ]
+    return web.json_response({"sessions": listed, "unavailable": unavailable})
+
+
+async def models(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    answers, unavailable = await gather(front, http, "GET", "/admin/models")
+    listed = [
+        {**model, **_where(front, name)}
+        for name, body in answers.items()
+        for model in body["models"]
+    ]
+    return web.json_response({"models": listed, "unavailable": unavailable})
+
+
+async def stats(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    answers, unavailable = await gather(front, http, "GET", "/admin/stats")
+    summed: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
+    dropped: dict[str, int] = {}
+    for body in answers.values():
+        totals = body["global"]
+        for key in _SUMMED:
+            summed[key] += totals[key]
+        for reason, count in totals["frames_dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    summed["frames_dropped"] = dropped
+    summed["workers_answering"] = len(answers)
+    summed["workers"] = len(front.workers)
+    return web.json_response({"global": summed, "workers": answers, "unavailable": unavailable})
+
+
+async def model_action(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    """Load or unload a model on a named worker, or where placement says (module doc)."""
+    model_id, action = request.match_info["model_id"], request.match_info["action"]
+    named = request.query.get("worker")
+    if named is not None:
+        worker = front.workers.get(named)
+        if worker is None or not worker.answering:
+            known = ", ".join(front.workers)
+            raise RequestError(
+                404 if worker is None else 503,
+                "worker_not_found" if worker is None else "worker_unavailable",
+                f"worker {named[:32]!r} is {'unknown' if worker is None else 'not answering'}"
+                f" (workers: {known})",
+            )
+        targets = [worker]
+    elif action == "load":
+        targets = candidates(model_id, list(front.workers.values()))[:1]
+    else:
+        targets = [w for w in front.workers.values() if w.report and model_id in w.report.models]
+    if not targets:
+        raise RequestError(
+            409 if action == "unload" else 503,
+            "not_loaded" if action == "unload" else "worker_unavailable",
+            f"no worker {'holds' if action == 'unload' else 'can load'} model {model_id[:64]!r}",
+        )
+    path = f"/admin/models/{model_id}/{action}"
+    answers, unavailable = await gather(front, http, "POST", path, targets)
+    if not answers:
+        raise RequestError(502, "worker_error", "; ".join(unavailable.values())[:1000])
+    for name in answers:
+        front.report_soon(name)
+    return web.json_response(
+        {
+            "models": [{**body, **_where(front, name)} for name, body in answers.items()],
+            "unavailable": unavailable,
+        }
+    )
+
+
+async def metrics(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    """Every answering worker's series with ``worker`` and ``node`` labels, and the
+    front's own."""
+    answers, _ = await gather(front, http, "GET", "/metrics", text=True)
+    registry = CollectorRegistry()
+    registry.register(_Labelled(front, answers))
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+
+
+class _Labelled:
+    """A collector over the workers' scraped text, each sample labelled by its worker."""
+
+    def __init__(self, front: ClusterFront, texts: dict[str, str]) -> None:
+        self._front = front
+        self._texts = texts
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for name, text in self._texts.items():
+            where = _where(self._front, name)
+            for family in text_string_to_metric_families(text):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                merged.samples.extend(
+                    Sample(s.name, {**s.labels, **where}, s.value, s.timestamp, s.exemplar)
+                    for s in family.samples
+                )
+        yield from families.values()
+        workers = self._front.workers.values()
+        gauge = GaugeMetricFamily(
+            "lipstream_cluster_workers",
+            "Workers of this front by state: answering its reports or not.",
+            labels=["state"],
+        )
+        gauge.add_metric(["answering"], sum(w.answering for w in workers))
+        gauge.add_metric(["not_answering"], sum(not w.answering for w in workers))
+        yield gauge
