@@ -4,7 +4,7 @@
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
 frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
-margin.
+margin, cluster.
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
 depend on the machine and its load: compare figures from one run.
 """
@@ -30,6 +30,7 @@ BENCHMARKS = (
     "sessions_per_core",
     "live_cpu",
     "margin",
+    "cluster",
 )
 
 

@@ -38,10 +38,12 @@ class Call:
         self.pc = RTCPeerConnection()
         self.session_id = ""
         self.video_times: list[float] = []
+        self.offered_at = 0.0  # when the offer was sent (monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self._player: MediaPlayer | None = None
 
     async def connect(self, microphone: Path | None = None) -> None:
+        self.offered_at = time.monotonic()
         if microphone is None:
             self.pc.addTransceiver("audio", direction="recvonly")
         else:  # the speech plays as the caller's microphone, in real time, looped
@@ -123,6 +125,8 @@ async def drive(
                 "fps": [c.fps_between(start, end) for c in active],
                 "fps_halves": halves,
                 "session_ids": [c.session_id for c in active],
+                # From sending the offer to the first video frame decoded, per call.
+                "first_frame_s": [c.video_times[0] - c.offered_at for c in active],
             }
         finally:
             await asyncio.gather(*(c.hang_up() for c in active))

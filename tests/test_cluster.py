@@ -208,6 +208,9 @@ async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
             return report is not None and report.incarnation != before.incarnation
 
         await until(restarted, f"Ray to restart worker {lost}")
+        assert cluster.workers[lost].restarts == 1  # counted, and served by /metrics
+        scraped = await (await front.get("/metrics")).text()
+        assert "lipstream_cluster_worker_restarts_total 1.0" in scraped
         gone = await front.get(f"/sessions/{victim.session_id}")
         assert gone.status == 410
         assert (await gone.json())["error"]["code"] == "session_lost"

@@ -15,7 +15,7 @@ labels on every Prometheus series (never per-model or per-session labels,
   ``worker``, a load goes where placement would put a call of that avatar and an unload
   goes to every worker that holds the model.
 - ``GET /metrics``: the workers' series, labelled, then the front's own
-  (``lipstream_cluster_workers{state}``).
+  (``lipstream_cluster_workers{state}``, ``lipstream_cluster_worker_restarts_total``).
 
 The front calls the workers' admin API with the workers' admin token: the operator's
 ``server.admin_token``, or, when none is set, one the front made at start (workers then
@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -222,3 +222,8 @@ class _Labelled:
         gauge.add_metric(["answering"], sum(w.answering for w in workers))
         gauge.add_metric(["not_answering"], sum(not w.answering for w in workers))
         yield gauge
+        yield CounterMetricFamily(
+            "lipstream_cluster_worker_restarts",
+            "Worker restarts the front has seen (a new incarnation: its calls were lost).",
+            value=sum(w.restarts for w in workers),
+        )

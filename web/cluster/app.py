@@ -62,7 +62,8 @@ RETRY_AFTER_S = 5
 
 
 def build_front_app(settings: Settings, *, front: ClusterFront | None = None) -> web.Application:
-    """The front app; ``front`` lets tests pass a started :class:`ClusterFront`."""
+    """The front app; ``front`` is a :class:`ClusterFront` made beforehand (started here
+    with the app, closed with it), else one is made here."""
     app = web.Application(
         middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
     )
@@ -71,17 +72,13 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     app[DRAINING] = DrainState()
 
     async def workers(app: web.Application) -> AsyncIterator[None]:
-        if front is None:
-            app[FRONT] = ClusterFront(settings)
-            await app[FRONT].start()
-        else:
-            app[FRONT] = front
+        app[FRONT] = front or ClusterFront(settings)
+        await app[FRONT].start()
         timeout = aiohttp.ClientTimeout(total=settings.server.request_timeout_s)
         app[HTTP] = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         yield
         await app[HTTP].close()
-        if front is None:
-            await app[FRONT].close()
+        await app[FRONT].close()
 
     app.cleanup_ctx.append(workers)
     router = app.router
@@ -231,6 +228,7 @@ def _worker_json(worker: WorkerState) -> dict[str, Any]:
         "name": worker.name,
         "answering": worker.answering,
         "failures": worker.failures,
+        "restarts": worker.restarts,
         "last_error": worker.last_error,
         "report": None
         if r is None
@@ -296,14 +294,16 @@ def _message(response: web.Response) -> str:
 
 def serve_front(settings: Settings) -> None:
     """Run the front and its workers until SIGTERM/SIGINT, then drain every worker."""
-    asyncio.run(_serve_front(settings))
+    front = ClusterFront(settings)
+    front.connect()
+    asyncio.run(_serve_front(settings, front))
 
 
-async def _serve_front(settings: Settings) -> None:
+async def _serve_front(settings: Settings, front: ClusterFront) -> None:
     from web.app import ShutdownSignals  # the single-process server's signal handling
 
     server = settings.server
-    app = build_front_app(settings)
+    app = build_front_app(settings, front=front)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
     with ShutdownSignals(asyncio.get_running_loop()) as signals:
         await runner.setup()

@@ -71,11 +71,19 @@ class ClusterFront:
         self._refresh: asyncio.Task[None] | None = None
         self._soon: set[asyncio.Task[None]] = set()  # reports asked for after an offer
 
+    def connect(self) -> None:
+        """Join or start Ray now (blocking, a few seconds): before the event loop runs,
+        so Ray's own signal handling stays off the server's."""
+        self._ray = _import_ray()
+        self._init_ray()
+
     async def start(self) -> None:
-        """Connect to Ray, start the workers, wait for each one's first report."""
-        ray = _import_ray()
-        self._ray = ray
-        await asyncio.to_thread(self._init_ray)
+        """Connect to Ray (if :meth:`connect` did not), start the workers, wait for each
+        one's first report."""
+        if self._ray is None:
+            self._ray = _import_ray()
+            await asyncio.to_thread(self._init_ray)
+        ray = self._ray
         remote = ray.remote(Worker)
         for index in range(self._cluster.workers):
             name = f"w{index}"
@@ -95,7 +103,7 @@ class ClusterFront:
 
     def _init_ray(self) -> None:
         ray = self._ray
-        if ray.is_initialized():
+        if ray.is_initialized():  # a test's cluster, or connect() ran
             return
         options: dict[str, Any] = {
             "include_dashboard": False,
@@ -132,6 +140,7 @@ class ClusterFront:
             return
         old = state.report
         if old is not None and old.incarnation != report.incarnation:
+            state.restarts += 1
             logger.warning(
                 "cluster: worker %s restarted (incarnation %s -> %s); its %d calls were lost",
                 name,

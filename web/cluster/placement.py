@@ -54,6 +54,7 @@ class WorkerState:
     report: WorkerReport | None = None
     answering: bool = False
     failures: int = 0  # reports missed in a row
+    restarts: int = 0  # new incarnations seen since the front started
     last_error: str | None = field(default=None)
 
     @property
