@@ -12,4 +12,8 @@ INSTALL_HINT = (
 
 def ray_missing() -> str | None:
     """What to do when Ray is not installed, or None when it is."""
-    return None if importlib.util.find_spec("ray") is not None else INSTALL_HINT
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except ValueError:  # a module set to None in sys.modules: blocked, as good as missing
+        found = False
+    return None if found else INSTALL_HINT
