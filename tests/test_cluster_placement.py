@@ -6,12 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from config.settings import Settings
 from web.cluster.placement import (
     WorkerReport,
     WorkerState,
     candidates,
     parse_session_id,
 )
+from web.cluster.worker import worker_settings
 
 
 def _worker(
@@ -91,3 +93,20 @@ def test_a_bad_workers_option_names_it() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--workers" in done.stderr
+
+
+def test_a_worker_keeps_to_its_share_of_the_gpu_memory_cap() -> None:
+    settings = Settings.model_validate(
+        {
+            "devices": {"max_memory_per_device": "8GiB"},
+            "server": {"port": 9000, "offer_rate_limit_per_minute": 30},
+            "cluster": {"workers": 4, "gpus_per_worker": 0.25, "worker_host": "0.0.0.0"},
+        }
+    )
+    worker = worker_settings(settings)
+    assert worker.devices.max_memory_per_device == 2 * 1024**3
+    assert (worker.server.host, worker.server.port) == ("0.0.0.0", 0)
+    assert worker.server.offer_rate_limit_per_minute == 0  # the front limits offers
+    assert worker.cluster.workers == 0  # a worker is one process
+    whole = Settings.model_validate({"cluster": {"workers": 2, "gpus_per_worker": 1}})
+    assert worker_settings(whole).devices.max_memory_per_device is None

@@ -41,13 +41,20 @@ def worker_settings(settings: Settings) -> Settings:
     """A worker's settings: the server's, as one process on an OS-chosen port.
 
     The front limits offers per caller address before any worker is asked, so the
-    workers (which see only the front's address) do not limit them again.
+    workers (which see only the front's address) do not limit them again. A worker given
+    a share of a GPU (``cluster.gpus_per_worker`` below 1) may fill that share of
+    ``devices.max_memory_per_device``: k workers on one GPU together stay within it.
     """
     server = settings.server.model_copy(
         update={"host": settings.cluster.worker_host, "port": 0, "offer_rate_limit_per_minute": 0}
     )
     cluster = settings.cluster.model_copy(update={"workers": 0})
-    return settings.model_copy(update={"server": server, "cluster": cluster})
+    devices = settings.devices
+    share = settings.cluster.gpus_per_worker
+    if 0 < share < 1 and devices.max_memory_per_device is not None:
+        cap = max(1, int(devices.max_memory_per_device * share))
+        devices = devices.model_copy(update={"max_memory_per_device": cap})
+    return settings.model_copy(update={"server": server, "cluster": cluster, "devices": devices})
 
 
 class Worker:
