@@ -81,8 +81,8 @@ def placement_us(avatars: int = 1000, workers: int = 16, decisions: int = 20_000
             node_id="",
             pid=0,
             models=frozenset(rng.sample(ids, 60)),
-            sessions=rng.randrange(10),
-            room_sessions=rng.randrange(1, 10),
+            live_sessions=rng.randrange(10),
+            room_places=rng.randrange(1, 10),
             room_share=rng.random(),
         )
         states.append(WorkerState(f"w{w}", report, answering=True))
@@ -143,7 +143,7 @@ async def _calls_live(app: web.Application, one: bool) -> None:
     async with asyncio.timeout(60):
         while True:
             await front.refresh()
-            if sum(w.report.sessions for w in front.workers.values() if w.report) >= CALLS:
+            if sum(w.report.live_sessions for w in front.workers.values() if w.report) >= CALLS:
                 return
             await asyncio.sleep(0.2)
 

@@ -212,6 +212,10 @@ async def test_a_measured_cpu_cost_above_the_estimate_prices_every_session(
         # Frames cost 30 ms of the process's CPU: at 25 fps a session takes 750 of the
         # 1000 ms, so a second one is refused, the message saying it was measured.
         measured[0] = 30.0
+        # What a front reads from this worker: one live session leaves a quarter of the CPU.
+        room = control.room([Live(alice)])
+        assert room.places == core.settings.server.max_sessions - 1
+        assert room.share == pytest.approx(0.25)
         one = control.reserve("alice", [])
         assert one.load.cpu_measured
         assert one.load.cpu_ms == pytest.approx(750.0)

@@ -108,7 +108,7 @@ async def test_bad_input_is_refused_at_the_front(front: TestClient[Any, Any]) ->
         gone = await front.get(f"/sessions/{session_id}")
         assert gone.status == 404
         assert (await gone.json())["error"]["code"] == "session_not_found"
-    assert sum(w.report.sessions for w in _cluster(front).workers.values() if w.report) == 0
+    assert sum(w.report.live_sessions for w in _cluster(front).workers.values() if w.report) == 0
 
 
 async def test_calls_are_placed_by_model_then_room_and_controlled_through_the_front(
@@ -362,3 +362,31 @@ async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any])
     finally:
         await one.close()
         await two.hang_up()
+
+
+async def test_a_second_front_shares_the_workers_and_leaves_them_running(
+    front: TestClient[Any, Any],
+) -> None:
+    cluster = _cluster(front)
+    await cluster.refresh()
+    before = {n: w.report for n, w in cluster.workers.items()}
+    second_app = build_front_app(cluster.settings)
+    async with TestClient(TestServer(second_app, host="127.0.0.1")) as second:
+        listed = (await (await second.get("/admin/workers")).json())["workers"]
+        pids = {n: r.pid for n, r in before.items() if r is not None}
+        assert {w["name"]: w["report"]["pid"] for w in listed} == pids  # the same processes
+        caller = Caller(second, "alice")
+        await caller.connect()
+        await caller.wait_for_frames(3)
+        # No shared state: the first front routes the second front's session by its id.
+        state = await front.get(f"/sessions/{caller.session_id}")
+        assert state.status == 200, await state.text()
+        await caller.hang_up()
+    # The second front is gone; the workers it found serve the first one as before.
+    await cluster.refresh()
+    for name, worker in cluster.workers.items():
+        assert worker.answering, name
+        assert worker.report is not None
+        old = before[name]
+        assert old is not None
+        assert worker.report.incarnation == old.incarnation

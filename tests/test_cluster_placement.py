@@ -33,8 +33,8 @@ def _worker(
         node_id="n",
         pid=1,
         models=frozenset(models),
-        sessions=0,
-        room_sessions=places,
+        live_sessions=0,
+        room_places=places,
         room_share=share,
         draining=draining,
     )

@@ -50,8 +50,11 @@ def _free_port() -> int:
 
 
 @asynccontextmanager
-async def lipstream_serve(tmp_path: Path, drain_timeout_s: float) -> AsyncIterator[Server]:
-    """``lipstream serve`` on a free port, answering /health; killed at the end if still up."""
+async def lipstream_serve(
+    tmp_path: Path, drain_timeout_s: float, *args: str
+) -> AsyncIterator[Server]:
+    """``lipstream serve [args]`` on a free port, answering /health; killed at the end if
+    still up."""
     port = _free_port()
     config = tmp_path / "lipstream.yaml"
     config.write_text(
@@ -71,6 +74,7 @@ async def lipstream_serve(tmp_path: Path, drain_timeout_s: float) -> AsyncIterat
             "--config",
             str(config),
             "serve",
+            *args,
             env=env,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=err,
@@ -189,3 +193,41 @@ async def test_drain_ends_when_the_last_call_hangs_up(tmp_path: Path, loopback: 
         assert code == 0, log
         assert "Traceback" not in log, log
         assert "(every session ended): closing 0 sessions" in log, log
+
+
+async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
+    tmp_path: Path, loopback: None
+) -> None:
+    """``lipstream serve --workers 1``: a local Ray runtime, a worker process, a call
+    through the front; SIGTERM drains the worker with its call, then everything stops."""
+    async with lipstream_serve(tmp_path, DRAIN_TIMEOUT_S, "--workers", "1") as server:
+        http = server.http
+
+        async def ready() -> bool:
+            return await _answers(http, "/ready")
+
+        await until(ready, "the front's worker to report", timeout_s=STARTUP_TIMEOUT_S)
+        workers = (await (await http.get("/ready")).json())["workers"]
+        assert workers == {"up": 1, "total": 1}
+        caller = Caller(http)
+        caller.keep_luma = False
+        await caller.connect()
+        try:
+            await caller.wait_for_frames(10)
+            assert caller.session_id.startswith("w0-")
+            frames_at_signal = len(caller.received.video_times)
+            server.proc.send_signal(signal.SIGTERM)
+            await until(_not_ready(http), "/ready to answer 503")
+            refused = await http.post("/offer", json={"sdp": await _offer_sdp(), "type": "offer"})
+            assert refused.status == 503
+            await caller.wait_for_frames(frames_at_signal + 25)  # the call goes on
+            async with asyncio.timeout(TIMEOUT_S):
+                code = await server.proc.wait()
+        finally:
+            await caller.close()
+        log = server.log()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+        assert "cluster: 1 of 1 workers up" in log, log
+        assert "draining every worker" in log, log
+        assert "front stopped" in log, log

@@ -130,7 +130,7 @@ class Budget:
 class Room:
     """What is left for new sessions, for a cluster front choosing a worker."""
 
-    sessions: int  # places left under ``server.max_sessions``
+    places: int  # places left under ``server.max_sessions``
     share: float  # the least-used-up resource's share left, 0..1 (CPU, a device, places)
 
 

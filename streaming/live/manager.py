@@ -130,6 +130,7 @@ class SessionManager:
         for session in live:
             for reason, count in session.stats.frames_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + count
+        room = self.admission.room(live)
         totals = SessionTotals(
             live=len(live),
             started=c.started,
@@ -141,6 +142,8 @@ class SessionManager:
             frames_dropped=dropped,
             ended_by_reason=dict(c.ended_by_reason),
             cpu_ms_per_frame=self.cpu_meter.ms_per_frame(),
+            room_places=room.places,
+            room_share=room.share,
         )
         return SessionsSnapshot(
             sessions=tuple(s.snapshot() for s in live), totals=totals, cache=self.cache.stats()

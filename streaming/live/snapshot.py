@@ -87,6 +87,10 @@ class SessionTotals:
     ended_by_reason: dict[str, int]
     #: The process's CPU ms per frame sent lately (admission's measured figure), if any.
     cpu_ms_per_frame: float | None = None
+    #: What admission has left for new sessions: places, and the least-used-up
+    #: resource's share (0..1).
+    room_places: int = 0
+    room_share: float = 0.0
 
 
 @dataclass(frozen=True)

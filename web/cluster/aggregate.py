@@ -97,7 +97,7 @@ def _where(front: ClusterFront, name: str) -> dict[str, str]:
     return {"worker": name, "node": report.node if report is not None else ""}
 
 
-async def sessions(
+async def session_list(
     request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
 ) -> web.Response:
     answers, unavailable = await gather(front, http, "GET", "/admin/sessions")

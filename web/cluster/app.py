@@ -89,7 +89,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     router.add_get("/health", health)
     router.add_get("/ready", ready)
     router.add_get("/admin/workers", admin_only(list_workers))
-    router.add_get("/admin/sessions", admin_only(_view(aggregate.sessions)))
+    router.add_get("/admin/sessions", admin_only(_view(aggregate.session_list)))
     router.add_get("/admin/models", admin_only(_view(aggregate.models)))
     router.add_get("/admin/stats", admin_only(_view(aggregate.stats)))
     router.add_post(
@@ -239,8 +239,8 @@ def _worker_json(worker: WorkerState) -> dict[str, Any]:
             "node_id": r.node_id,
             "pid": r.pid,
             "models": sorted(r.models),
-            "sessions": r.sessions,
-            "room_sessions": r.room_sessions,
+            "live_sessions": r.live_sessions,
+            "room_places": r.room_places,
             "room_share": round(r.room_share, 4),
             "draining": r.draining,
             "gpus": r.gpus,

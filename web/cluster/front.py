@@ -67,6 +67,7 @@ class ClusterFront:
         self._ray: Any = None
         self._started_ray = False
         self._actors: dict[str, Any] = {}
+        self._owned: set[str] = set()  # the workers this front started (and stops)
         self.workers: dict[str, WorkerState] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._soon: set[asyncio.Task[None]] = set()  # reports asked for after an offer
@@ -87,14 +88,18 @@ class ClusterFront:
         remote = ray.remote(Worker)
         for index in range(self._cluster.workers):
             name = f"w{index}"
-            self._actors[name] = remote.options(
-                name=f"lipstream-{name}",
-                get_if_exists=True,  # a front restarted on a live cluster finds its workers
-                num_cpus=self._cluster.cpus_per_worker,
-                num_gpus=self._cluster.gpus_per_worker,
-                max_restarts=self._cluster.max_restarts,
-                max_task_retries=0,  # at most once: a say or an audio push is never replayed
-            ).remote(self._worker_settings, name)
+            try:  # another front on this Ray cluster started it: share it, never stop it
+                self._actors[name] = ray.get_actor(f"lipstream-{name}")
+            except ValueError:
+                self._actors[name] = remote.options(
+                    name=f"lipstream-{name}",
+                    get_if_exists=True,  # two fronts starting at once get one worker
+                    num_cpus=self._cluster.cpus_per_worker,
+                    num_gpus=self._cluster.gpus_per_worker,
+                    max_restarts=self._cluster.max_restarts,
+                    max_task_retries=0,  # at most once: a say or a push is never replayed
+                ).remote(self._worker_settings, name)
+                self._owned.add(name)
             self.workers[name] = WorkerState(name)
         await self.refresh(timeout_s=FIRST_REPORT_TIMEOUT_S)
         up = sum(w.answering for w in self.workers.values())
@@ -146,7 +151,7 @@ class ClusterFront:
                 name,
                 old.incarnation,
                 report.incarnation,
-                old.sessions,
+                old.live_sessions,
             )
         if not state.answering:
             logger.info("cluster: worker %s answering at %s", name, report.url)
@@ -168,11 +173,13 @@ class ClusterFront:
             await self.refresh()
 
     async def drain(self, timeout_s: float) -> None:
-        """Every worker stops taking sessions and waits up to ``timeout_s`` for its own."""
+        """Every worker this front started stops taking sessions and waits up to
+        ``timeout_s`` for its own (workers shared with another front serve on)."""
         await asyncio.gather(
             *(
                 self._call(actor.drain.remote(timeout_s), timeout_s + 5)
-                for actor in self._actors.values()
+                for name, actor in self._actors.items()
+                if name in self._owned
             )
         )
 
@@ -183,13 +190,15 @@ class ClusterFront:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await asyncio.gather(*(self._call(a.stop.remote(), 30.0) for a in self._actors.values()))
+        owned = [actor for name, actor in self._actors.items() if name in self._owned]
+        await asyncio.gather(*(self._call(actor.stop.remote(), 30.0) for actor in owned))
         if self._ray is not None:
-            for actor in self._actors.values():
+            for actor in owned:
                 self._ray.kill(actor, no_restart=True)
             if self._started_ray:
                 await asyncio.to_thread(self._ray.shutdown)
         self._actors.clear()
+        self._owned.clear()
 
     async def _call(self, ref: Any, timeout_s: float) -> None:
         try:

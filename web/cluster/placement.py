@@ -35,8 +35,8 @@ class WorkerReport:
     node_id: str  # Ray's id of the node ("" outside Ray)
     pid: int  # the worker's process
     models: frozenset[str]  # models it holds loaded
-    sessions: int  # live sessions
-    room_sessions: int  # places left under its server.max_sessions
+    live_sessions: int
+    room_places: int  # places left under its server.max_sessions
     room_share: float  # its least-used-up resource's share left, 0..1
     draining: bool = False
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES as Ray set it
@@ -68,7 +68,7 @@ def candidates(avatar_id: str, workers: Sequence[WorkerState]) -> list[WorkerSta
     usable = [
         w
         for w in workers
-        if w.usable and w.report is not None and w.report.room_sessions > 0
+        if w.usable and w.report is not None and w.report.room_places > 0
         if w.report.room_share > 0
     ]
 

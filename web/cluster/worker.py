@@ -75,8 +75,7 @@ class Worker:
     async def report(self) -> WorkerReport:
         """What this worker holds and how much room it has (starting it if needed)."""
         app = await self._app()
-        sessions = app[SESSIONS]
-        room = sessions.admission.room(sessions.sessions)
+        totals = app[SESSIONS].snapshot().totals
         core = await app[CORE].snapshot()
         return WorkerReport(
             name=self._name,
@@ -86,9 +85,9 @@ class Worker:
             node_id=_ray_node_id(),
             pid=os.getpid(),
             models=frozenset(m.model_id for m in core.models if m.state == "loaded"),
-            sessions=sessions.live_count,
-            room_sessions=room.sessions,
-            room_share=room.share,
+            live_sessions=totals.live,
+            room_places=totals.room_places,
+            room_share=totals.room_share,
             draining=app[DRAINING].draining,
             gpus=os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
