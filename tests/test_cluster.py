@@ -18,9 +18,16 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
+from benchmarks.chromium import caller_page
 from config.settings import Settings
-from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
-from tests.media import speech_with_pauses, write_wav
+from tests.live_calls import (
+    GENEROUS_MARGIN_MS,
+    TIMEOUT_S,
+    assert_lip_synced,
+    speech_frames,
+    until,
+)
+from tests.media import resample_linear, speech_with_pauses, write_wav
 from tests.packages import make_package
 from tests.webrtc_client import Caller
 from web.cluster.app import FRONT, build_front_app
@@ -390,3 +397,36 @@ async def test_a_second_front_shares_the_workers_and_leaves_them_running(
         old = before[name]
         assert old is not None
         assert worker.report.incarnation == old.incarnation
+
+
+async def test_the_demo_page_calls_through_the_front_in_a_real_browser(
+    front: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    """Debian's Chromium loads the page from the front; its call (page, avatars, offer,
+    hang-up) goes through the front to a worker, and the worker's lips move."""
+    pcm, _ = speech_with_pauses(tmp_path, ("one two three four five six seven",), 0.5)
+    mic = write_wav(tmp_path / "mic48k.wav", resample_linear(pcm, 16_000, 48_000), 48_000)
+    async with caller_page(tmp_path / "profile", mic) as page:
+        page.set_default_timeout(TIMEOUT_S * 1000)
+        await page.goto(f"{front.make_url('/')}?raw_audio=1")
+        await page.get_by_label("Avatar", exact=True).select_option("alice")
+        await page.get_by_role("button", name="Start with microphone").click()
+        await page.wait_for_function(
+            "() => window.lipstreamStats.state === 'connected'"
+            " && window.lipstreamStats.framesDecoded > 0"
+        )
+        assert (await page.evaluate("() => window.lipstreamStats.codec")) == "video/H264"
+
+        async def spoken() -> bool:
+            listed = (await (await front.get("/admin/sessions")).json())["sessions"]
+            assert len(listed) == 1, listed
+            state = await (await front.get(f"/sessions/{listed[0]['id']}")).json()
+            return bool(state["frames_inferred"] > 0)
+
+        await until(spoken, "the browser's microphone to move the avatar's lips")
+        await page.get_by_role("button", name="Hang up").click()
+
+        async def hung_up() -> bool:
+            return not (await (await front.get("/admin/sessions")).json())["sessions"]
+
+        await until(hung_up, "the page's hang-up to end the session on its worker")
