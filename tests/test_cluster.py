@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import pytest_asyncio
 import ray
@@ -329,6 +330,13 @@ async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any])
         assert stats["global"]["live_sessions"] == 2
         assert (stats["global"]["workers_answering"], stats["global"]["workers"]) == (2, 2)
         assert set(stats["workers"]) == {"w0", "w1"}
+        # One process's shape over both workers (what the admin page reads).
+        assert [d["name"] for d in stats["devices"]] == ["w0/cpu:0", "w1/cpu:0"]
+        assert [m["id"] for m in stats["models"]] == ["alice", "bob"]
+        assert stats["global"]["models_registered"] == 2
+        assert 0 <= stats["cache"]["hit_rate"] <= 1
+        loaded_on = {m["id"]: m["loaded_on"] for m in stats["models"]}
+        assert loaded_on["alice"] == [where[one.session_id]]
         models = (await (await front.get("/admin/models")).json())["models"]
         assert sorted((m["id"], m["worker"]) for m in models) == [
             ("alice", "w0"),
@@ -345,6 +353,13 @@ async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any])
         assert states[("bob", target)] == "loaded"
         unknown = await front.post("/admin/models/bob/load?worker=w7")
         assert unknown.status == 404
+        # The admin page's device index names a worker's device: device 1 is w1's cpu:0.
+        by_index = await front.post("/admin/models/alice/load", json={"device": 1})
+        assert by_index.status == 200, await by_index.text()
+        assert [m["worker"] for m in (await by_index.json())["models"]] == ["w1"]
+        bad = await front.post("/admin/models/alice/load", json={"device": 9})
+        assert bad.status == 400
+        assert "0=w0/0, 1=w1/0" in (await bad.json())["error"]["message"]
 
         scraped = await front.get("/metrics")
         assert scraped.status == 200
@@ -430,3 +445,28 @@ async def test_the_demo_page_calls_through_the_front_in_a_real_browser(
             return not (await (await front.get("/admin/sessions")).json())["sessions"]
 
         await until(hung_up, "the page's hang-up to end the session on its worker")
+
+
+async def test_the_admin_page_works_through_the_front(
+    front: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    caller = Caller(front, "bob")
+    await caller.connect()
+    try:
+        await caller.wait_for_frames(3)
+        mic = write_wav(tmp_path / "silence.wav", np.zeros(4800, dtype=np.int16), 48_000)
+        errors: list[object] = []
+        async with caller_page(tmp_path / "profile", mic) as page:
+            page.set_default_timeout(TIMEOUT_S * 1000)
+            page.on("pageerror", lambda error: errors.append(error))
+            await page.goto(str(front.make_url("/admin")))
+            await page.wait_for_function(
+                f"() => document.getElementById('sessions').textContent"
+                f".includes('{caller.session_id[:10]}')"
+            )
+            devices = await page.evaluate("() => document.getElementById('devices').textContent")
+            assert "w0/cpu:0" in devices
+            assert "w1/cpu:0" in devices
+        assert not errors, errors
+    finally:
+        await caller.hang_up()

@@ -9,8 +9,10 @@ labels on every Prometheus series (never per-model or per-session labels,
 - ``GET /admin/sessions``: every worker's sessions, each with its worker and node.
 - ``GET /admin/models``: every worker's models, each with its worker and node; the same
   avatar appears once per worker.
-- ``GET /admin/stats``: each worker's stats under ``workers``, and ``global`` summing the
-  counts (sessions, frames served and dropped, models loaded) over them.
+- ``GET /admin/stats``: one process's shape over all workers, so the admin page works
+  through the front: ``devices`` named ``<worker>/<device>``, ``models`` once per id
+  (a loaded entry when there is one, ``loaded_on`` naming the workers, counts summed),
+  the caches and the ``global`` counts summed; each worker's own under ``workers``.
 - ``POST /admin/models/{id}/load?worker=w1`` and ``…/unload``: on the named worker; without
   ``worker``, a load goes where placement would put a call of that avatar and an unload
   goes to every worker that holds the model.
@@ -26,6 +28,7 @@ rule is applied at the front, to the front's own routes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -36,14 +39,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from web.admin import MAX_LOAD_BODY
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates
 from web.errors import RequestError
+from web.request_body import parse_json_object, read_limited
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: An aggregate view: the request, the front, and the HTTP client to reach the workers.
 View = Callable[[web.Request, ClusterFront, aiohttp.ClientSession], Awaitable[web.Response]]
 #: ``global`` counts summed over the workers in ``/admin/stats``.
+_CACHE_SUMMED = ("hits", "misses", "evictions", "bytes", "max_bytes", "entries")
 _SUMMED = (
     "models_loaded",
     "live_sessions",
@@ -62,6 +68,7 @@ async def gather(
     workers: list[WorkerState] | None = None,
     *,
     text: bool = False,
+    body: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``method path`` on every answering worker (or ``workers``) at once: their answers
     by worker name, and why each one that did not answer did not."""
@@ -73,7 +80,9 @@ async def gather(
     async def one(worker: WorkerState) -> Any:
         assert worker.report is not None
         url = worker.report.url + path
-        async with http.request(method, url, headers=headers, timeout=timeout) as answer:
+        async with http.request(
+            method, url, headers=headers, timeout=timeout, json=body or None
+        ) as answer:
             if answer.status >= 400:
                 raise RequestError(answer.status, "worker_error", (await answer.text())[:300])
             return await (answer.text() if text else answer.json())
@@ -124,19 +133,67 @@ async def models(
 async def stats(
     request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
 ) -> web.Response:
+    """One process's ``/admin/stats`` shape over every worker (so the admin page works
+    through the front), plus each worker's own under ``workers``."""
     answers, unavailable = await gather(front, http, "GET", "/admin/stats")
+    devices = [
+        {**device, "name": f"{name}/{device['name']}", **_where(front, name)}
+        for name, body in answers.items()
+        for device in body["devices"]
+    ]
+    models: dict[str, dict[str, Any]] = {}
+    for name, body in answers.items():
+        for model in body["models"]:
+            entry = {**model, **_where(front, name)}
+            if model.get("device"):
+                entry["device"] = f"{name}/{model['device']}"
+            seen = models.get(model["id"])
+            if seen is None:
+                models[model["id"]] = {**entry, "loaded_on": []}
+            else:  # counts add up over the workers; the entry shown is a loaded one
+                for key in ("frames", "usage_count", "refcount"):
+                    entry[key] = entry[key] + seen[key]
+                if entry["state"] != "loaded" and seen["state"] == "loaded":
+                    entry = {**seen, **{k: entry[k] for k in ("frames", "usage_count", "refcount")}}
+                models[model["id"]] = {**entry, "loaded_on": seen["loaded_on"]}
+            if model["state"] == "loaded":
+                models[model["id"]]["loaded_on"].append(name)
     summed: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
     dropped: dict[str, int] = {}
+    evictions: dict[str, int] = {}
+    cache: dict[str, Any] = dict.fromkeys(_CACHE_SUMMED, 0)
     for body in answers.values():
         totals = body["global"]
         for key in _SUMMED:
             summed[key] += totals[key]
         for reason, count in totals["frames_dropped"].items():
             dropped[reason] = dropped.get(reason, 0) + count
-    summed["frames_dropped"] = dropped
-    summed["workers_answering"] = len(answers)
-    summed["workers"] = len(front.workers)
-    return web.json_response({"global": summed, "workers": answers, "unavailable": unavailable})
+        for reason, count in totals["evictions"].items():
+            evictions[reason] = evictions.get(reason, 0) + count
+        for key in _CACHE_SUMMED:
+            cache[key] += body["cache"][key]
+    looked_up = cache["hits"] + cache["misses"]
+    cache["hit_rate"] = round(cache["hits"] / looked_up, 4) if looked_up else 0.0
+    versions = {body["global"]["version"] for body in answers.values()}
+    summed.update(
+        frames_dropped=dropped,
+        evictions=evictions,
+        models_registered=len(models),
+        uptime_s=round(time.monotonic() - front.started_at, 1),
+        version=", ".join(sorted(versions)) or "unknown",
+        workers_answering=len(answers),
+        workers=len(front.workers),
+    )
+    return web.json_response(
+        {
+            "models": sorted(models.values(), key=lambda m: str(m["id"])),
+            "devices": devices,
+            "cache": cache,
+            "global": summed,
+            "workers": answers,
+            "unavailable": unavailable,
+        }
+    )
 
 
 async def model_action(
@@ -145,6 +202,13 @@ async def model_action(
     """Load or unload a model on a named worker, or where placement says (module doc)."""
     model_id, action = request.match_info["model_id"], request.match_info["action"]
     named = request.query.get("worker")
+    body: dict[str, Any] = {}
+    if action == "load":
+        raw = await read_limited(request, MAX_LOAD_BODY)
+        body = parse_json_object(raw) if raw.strip() else {}
+        device = body.get("device")
+        if device is not None:  # an index into /admin/stats' devices: that worker's device
+            named, body["device"] = await _device_of(front, http, device)
     if named is not None:
         worker = front.workers.get(named)
         if worker is None or not worker.answering:
@@ -167,7 +231,7 @@ async def model_action(
             f"no worker {'holds' if action == 'unload' else 'can load'} model {model_id[:64]!r}",
         )
     path = f"/admin/models/{model_id}/{action}"
-    answers, unavailable = await gather(front, http, "POST", path, targets)
+    answers, unavailable = await gather(front, http, "POST", path, targets, body=body)
     if not answers:
         raise RequestError(502, "worker_error", "; ".join(unavailable.values())[:1000])
     for name in answers:
@@ -178,6 +242,20 @@ async def model_action(
             "unavailable": unavailable,
         }
     )
+
+
+async def _device_of(
+    front: ClusterFront, http: aiohttp.ClientSession, index: object
+) -> tuple[str, int]:
+    """The worker and its own device index for ``index`` in the merged device list."""
+    answers, _ = await gather(front, http, "GET", "/admin/stats")
+    layout = [
+        (name, local) for name, body in answers.items() for local in range(len(body["devices"]))
+    ]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(layout):
+        names = ", ".join(f"{i}={n}/{d}" for i, (n, d) in enumerate(layout))
+        raise RequestError(400, "bad_device", f"device must be one of: {names}")
+    return layout[index]
 
 
 async def metrics(

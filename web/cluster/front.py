@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import secrets
+import time
 from typing import Any
 
 from pydantic import SecretStr
@@ -71,6 +72,7 @@ class ClusterFront:
         self.workers: dict[str, WorkerState] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._soon: set[asyncio.Task[None]] = set()  # reports asked for after an offer
+        self.started_at = time.monotonic()
 
     def connect(self) -> None:
         """Join or start Ray now (blocking, a few seconds): before the event loop runs,
