@@ -43,6 +43,7 @@ from benchmarks.common import Result, Target, print_table, print_targets
 from benchmarks.live_server import (
     client_result,
     live_server,
+    served,
     start_load,
     wait_for_calls,
     write_speech,
@@ -115,15 +116,8 @@ async def cluster_server(root: Path, workers: int) -> AsyncIterator[tuple[web.Ap
             "cluster": {"workers": workers, "cpus_per_worker": 1},
         }
     )
-    runner = web.AppRunner(build_front_app(config))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield runner.app, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(build_front_app(config)) as (app, url):
+        yield app, url
 
 
 def _process_cpu(pid: int) -> float:

@@ -84,15 +84,22 @@ async def live_server(
         }
     )
     with loopback_only_ice():
-        runner = web.AppRunner(build_app(config))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        try:
-            yield runner.app, f"http://{host}:{port}"
-        finally:
-            await runner.cleanup()
+        async with served(build_app(config)) as (app, url):
+            yield app, url
+
+
+@asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[tuple[web.Application, str]]:
+    """``app`` served on 127.0.0.1 at a free port; yields it and its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield runner.app, f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def start_load(

@@ -106,28 +106,26 @@ def _where(front: ClusterFront, name: str) -> dict[str, str]:
     return {"worker": name, "node": report.node if report is not None else ""}
 
 
+async def _listed(front: ClusterFront, http: aiohttp.ClientSession, key: str) -> web.Response:
+    """``GET /admin/<key>`` of every worker: its ``key`` list, each item with its worker
+    and node, and the workers that did not answer."""
+    answers, unavailable = await gather(front, http, "GET", f"/admin/{key}")
+    listed = [
+        {**item, **_where(front, name)} for name, body in answers.items() for item in body[key]
+    ]
+    return web.json_response({key: listed, "unavailable": unavailable})
+
+
 async def session_list(
     request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
 ) -> web.Response:
-    answers, unavailable = await gather(front, http, "GET", "/admin/sessions")
-    listed = [
-        {**session, **_where(front, name)}
-        for name, body in answers.items()
-        for session in body["sessions"]
-    ]
-    return web.json_response({"sessions": listed, "unavailable": unavailable})
+    return await _listed(front, http, "sessions")
 
 
 async def models(
     request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
 ) -> web.Response:
-    answers, unavailable = await gather(front, http, "GET", "/admin/models")
-    listed = [
-        {**model, **_where(front, name)}
-        for name, body in answers.items()
-        for model in body["models"]
-    ]
-    return web.json_response({"models": listed, "unavailable": unavailable})
+    return await _listed(front, http, "models")
 
 
 async def stats(

@@ -279,6 +279,7 @@ async def _forward(
     except (aiohttp.ClientError, TimeoutError) as exc:
         worker.answering = False  # until its next report says otherwise
         worker.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        request.app[FRONT].report_soon(worker.name)  # restarted? its new incarnation tells
         logger.warning("cluster: worker %s did not answer %s: %r", worker.name, url, exc)
         raise RequestError(
             503, "worker_unavailable", f"worker {worker.name} did not answer", retry_after=1
