@@ -114,7 +114,9 @@ class ClusterFront:
             return
         options: dict[str, Any] = {
             "include_dashboard": False,
-            "log_to_driver": False,
+            # The workers' log lines come out of the front, prefixed "(Worker pid=…)",
+            # as well as in Ray's log files on their nodes.
+            "log_to_driver": True,
             "logging_level": logging.WARNING,
         }
         if self._cluster.ray_address is not None:
