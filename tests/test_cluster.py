@@ -5,6 +5,7 @@ streaming (``docs/architecture.md`` §14)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -193,7 +194,7 @@ async def _offer_sdp(caller: Caller) -> str:
 
 
 async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
-    front: TestClient[Any, Any],
+    front: TestClient[Any, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster = _cluster(front)
     await cluster.refresh()
@@ -209,6 +210,14 @@ async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
         before = cluster.workers[lost].report
         assert before is not None
         os.kill(before.pid, signal.SIGKILL)
+        # Before any report shows it: an offer for alice tries the dead worker first (it
+        # held alice's model), finds it not answering and goes to the other one.
+        at_once = Caller(front, "alice")
+        with caplog.at_level(logging.WARNING, logger="web.cluster.app"):
+            await at_once.connect()
+        assert _worker_of(at_once) == _worker_of(survivor)
+        assert f"cluster: worker {lost} did not answer" in caplog.text
+        await at_once.hang_up()
 
         async def restarted() -> bool:
             await cluster.refresh()

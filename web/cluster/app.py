@@ -133,7 +133,11 @@ async def offer(request: web.Request) -> web.Response:
         )
     refusals = []
     for worker in tried:
-        response = await _forward(request, worker, raw)
+        try:
+            response = await _forward(request, worker, raw)
+        except RequestError as exc:  # it did not answer: the next one may
+            refusals.append(f"{worker.name}: {exc}")
+            continue
         if response.status != 503:
             front.report_soon(worker.name)  # its load changed: placement sees it at once
             return response
