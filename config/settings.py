@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    IPvAnyAddress,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -161,6 +162,10 @@ class ServerSettings(_Section):
     # Gather only 127.0.0.1 host candidates (aioice skips loopback addresses): for
     # loopback-only sandboxes and same-machine tests. Applied by ``web.app.serve``.
     ice_loopback_only: bool = False
+    # The address callers reach this machine at through a 1:1 NAT (same ports): every
+    # host candidate of an answer gets a twin there (streaming.webrtc.public_address).
+    # A cluster worker takes its own node's LIPSTREAM_SERVER__ICE_PUBLIC_ADDRESS.
+    ice_public_address: IPvAnyAddress | None = None
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)

@@ -105,7 +105,7 @@ def test_a_worker_keeps_to_its_share_of_the_gpu_memory_cap() -> None:
     )
     worker = worker_settings(settings)
     assert worker.devices.max_memory_per_device == 2 * 1024**3
-    assert (worker.server.host, worker.server.port) == ("0.0.0.0", 0)
+    assert worker.server.host == "0.0.0.0"  # the port: the OS's choice when it starts
     assert worker.server.offer_rate_limit_per_minute == 0  # the front limits offers
     assert worker.cluster.workers == 0  # a worker is one process
     whole = Settings.model_validate({"cluster": {"workers": 2, "gpus_per_worker": 1}})

@@ -24,6 +24,7 @@ from streaming.exceptions import SessionLimitError
 from streaming.live.reporting import delay_budget
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferLimits, check_offer
+from streaming.webrtc.public_address import with_public_address
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
 from web.request_body import read_json, read_limited
@@ -57,6 +58,8 @@ async def offer(request: web.Request) -> web.Response:
     info = check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
     session = await request.app[SESSIONS].create(body.sdp, info, avatar, request.remote)
     sdp = session.pc.localDescription.sdp
+    if settings.server.ice_public_address is not None:  # behind a 1:1 NAT
+        sdp = with_public_address(sdp, str(settings.server.ice_public_address))
     delay = DelayBudget.of(session.delay_budget)
     answer = Answer(sdp=sdp, type="answer", session_id=session.session_id, delay=delay)
     return web.json_response(answer.dump())

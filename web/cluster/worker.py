@@ -24,10 +24,12 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 
 from aiohttp import web
+from pydantic import ValidationError
 
-from config.settings import Settings
+from config.settings import ServerSettings, Settings
 from streaming.webrtc.compat import loopback_only_ice
 from web.app import build_app
 from web.app_keys import CORE, DRAINING, SESSIONS
@@ -37,17 +39,29 @@ from web.log_format import configure_logging
 logger = logging.getLogger(__name__)
 
 
-def worker_settings(settings: Settings) -> Settings:
+#: A node's own public address (1:1 NAT), set in the environment Ray's processes start in.
+PUBLIC_ADDRESS_ENV = "LIPSTREAM_SERVER__ICE_PUBLIC_ADDRESS"
+
+
+def worker_settings(settings: Settings, environ: Mapping[str, str] = os.environ) -> Settings:
     """A worker's settings: the server's, as one process on an OS-chosen port.
 
     The front limits offers per caller address before any worker is asked, so the
-    workers (which see only the front's address) do not limit them again. A worker given
+    workers (which see only the front's address) do not limit them again. A node's
+    ``LIPSTREAM_SERVER__ICE_PUBLIC_ADDRESS`` is its workers' public address. A worker given
     a share of a GPU (``cluster.gpus_per_worker`` below 1) may fill that share of
     ``devices.max_memory_per_device``: k workers on one GPU together stay within it.
     """
-    server = settings.server.model_copy(
-        update={"host": settings.cluster.worker_host, "port": 0, "offer_rate_limit_per_minute": 0}
-    )
+    update: dict[str, object] = {
+        "host": settings.cluster.worker_host,  # the port is the OS's choice (_start)
+        "offer_rate_limit_per_minute": 0,
+    }
+    if environ.get(PUBLIC_ADDRESS_ENV):  # this node's own, over the front's settings
+        update["ice_public_address"] = environ[PUBLIC_ADDRESS_ENV]
+    try:  # validated: a bad address on one node names the variable
+        server = ServerSettings.model_validate({**dict(settings.server), **update})
+    except ValidationError as exc:
+        raise ValueError(f"{PUBLIC_ADDRESS_ENV} on this node: {exc.errors()[0]['msg']}") from None
     cluster = settings.cluster.model_copy(update={"workers": 0})
     devices = settings.devices
     share = settings.cluster.gpus_per_worker
