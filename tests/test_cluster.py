@@ -88,6 +88,23 @@ def _worker_of(caller: Caller) -> str:
     return address.worker
 
 
+async def _one_call_per_worker(front: TestClient[Any, Any]) -> list[Caller]:
+    """An alice call and a bob call on different workers, whatever earlier tests loaded:
+    with no model loaded anywhere, each new avatar goes to the emptier worker."""
+    cluster = _cluster(front)
+    await cluster.refresh()  # so the unloads reach every worker that holds a model
+    for avatar in ("alice", "bob"):
+        unloaded = await front.post(f"/admin/models/{avatar}/unload")
+        assert unloaded.status in (200, 409), await unloaded.text()  # 409: loaded nowhere
+    calls = [Caller(front, "alice"), Caller(front, "bob")]
+    for caller in calls:
+        await cluster.refresh()
+        await caller.connect()
+        await caller.wait_for_frames(3)
+    assert _worker_of(calls[0]) != _worker_of(calls[1])
+    return calls
+
+
 async def test_workers_report_and_the_front_is_ready(front: TestClient[Any, Any]) -> None:
     ready = await front.get("/ready")
     assert ready.status == 200, await ready.text()
@@ -197,14 +214,8 @@ async def test_a_killed_worker_loses_its_calls_and_the_other_keeps_streaming(
     front: TestClient[Any, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster = _cluster(front)
-    await cluster.refresh()
-    victim, survivor = Caller(front, "alice"), Caller(front, "bob")
+    victim, survivor = await _one_call_per_worker(front)
     try:
-        await victim.connect()
-        await victim.wait_for_frames(3)
-        await cluster.refresh()
-        await survivor.connect()
-        await survivor.wait_for_frames(3)
         lost = _worker_of(victim)
         assert _worker_of(survivor) != lost
         before = cluster.workers[lost].report
@@ -287,10 +298,9 @@ async def test_a_lost_node_takes_its_worker_and_the_other_node_serves_on(
         w for w in cluster.workers.values() if w.report and w.report.node_id == node.node_id
     )
     survivor = next(w for w in cluster.workers.values() if w is not doomed)
-    caller = Caller(front, "bob")
+    calls = await _one_call_per_worker(front)
     try:
-        await caller.connect()
-        await caller.wait_for_frames(3)
+        (kept,) = [c for c in calls if _worker_of(c) == survivor.name]
         ray_cluster.remove_node(node)
 
         async def gone() -> bool:
@@ -300,16 +310,17 @@ async def test_a_lost_node_takes_its_worker_and_the_other_node_serves_on(
         await until(gone, f"the front to see worker {doomed.name} gone")
         ready = await (await front.get("/ready")).json()
         assert ready["workers"] == {"up": 1, "total": 2}
+        # The surviving node's call goes on, and new calls go there.
+        received = len(kept.video_indices)
+        await kept.wait_for_frames(received + 10)
         fresh = Caller(front, "alice")
         await fresh.connect()
         await fresh.wait_for_frames(3)
         assert _worker_of(fresh) == survivor.name
         await fresh.hang_up()
-        if _worker_of(caller) == survivor.name:  # its call was not on the lost node
-            received = len(caller.video_indices)
-            await caller.wait_for_frames(received + 10)
     finally:
-        await caller.close()
+        for caller in calls:
+            await caller.close()
         ray_cluster.add_node(**NODE)  # Ray restarts the lost worker on the new node
 
     async def back() -> bool:
@@ -320,17 +331,9 @@ async def test_a_lost_node_takes_its_worker_and_the_other_node_serves_on(
 
 
 async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any]) -> None:
-    cluster = _cluster(front)
-    await cluster.refresh()
-    one, two = Caller(front, "alice"), Caller(front, "bob")
+    one, two = await _one_call_per_worker(front)
     try:
-        await one.connect()
-        await one.wait_for_frames(3)
-        await cluster.refresh()
-        await two.connect()
-        await two.wait_for_frames(3)
         where = {one.session_id: _worker_of(one), two.session_id: _worker_of(two)}
-        assert len(set(where.values())) == 2
 
         listed = await (await front.get("/admin/sessions")).json()
         assert {s["id"]: s["worker"] for s in listed["sessions"]} == where
