@@ -71,7 +71,13 @@ async def front(
             "video": {"preset": "ultrafast"},
             "server": {"ice_loopback_only": True, "max_sessions": MAX_SESSIONS_PER_WORKER},
             "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
-            "cluster": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 1},
+            # A healthy worker's report must not miss its timeout on a loaded machine.
+            "cluster": {
+                "workers": 2,
+                "cpus_per_worker": 1,
+                "gpus_per_worker": 1,
+                "report_timeout_s": 3.0,
+            },
         }
     )
     async with TestClient(TestServer(build_front_app(settings), host="127.0.0.1")) as client:

@@ -13,7 +13,8 @@ system) over a recent window divided by the video frames sent in it, once enough
 went out for the figure to mean something. It samples the counters when made, when
 asked (an offer, a snapshot) and whenever :meth:`CpuMeter.sample` is called (the session
 manager does, once a second while calls are live, so that a call's set-up leaves the
-window), at most once a second.
+window), at most once a second; samples older than the window are dropped, so it
+holds about ``window_s`` of them.
 Everything the process did in the window counts, a model being loaded included: the
 figure errs on the side of the calls already running.
 """

@@ -48,8 +48,10 @@ from web.request_body import parse_json_object, read_limited
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: An aggregate view: the request, the front, and the HTTP client to reach the workers.
 View = Callable[[web.Request, ClusterFront, aiohttp.ClientSession], Awaitable[web.Response]]
-#: ``global`` counts summed over the workers in ``/admin/stats``.
+#: In ``/admin/stats``, summed over the workers: the caches' counts, each model's, and
+#: the ``global`` counts.
 _CACHE_SUMMED = ("hits", "misses", "evictions", "bytes", "max_bytes", "entries")
+_MODEL_SUMMED = ("frames", "usage_count", "refcount")
 _SUMMED = (
     "models_loaded",
     "live_sessions",
@@ -69,12 +71,14 @@ async def gather(
     *,
     text: bool = False,
     body: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``method path`` on every answering worker (or ``workers``) at once: their answers
-    by worker name, and why each one that did not answer did not."""
+    """``method path`` on every answering worker (or ``workers``) at once, each within
+    ``timeout_s`` (default ``cluster.report_timeout_s``): their answers by worker name,
+    and why each one that did not answer did not."""
     answering = [w for w in front.workers.values() if w.answering]
     asked = workers if workers is not None else answering
-    timeout = aiohttp.ClientTimeout(total=front.settings.cluster.report_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=timeout_s or front.settings.cluster.report_timeout_s)
     headers = {"Authorization": f"Bearer {front.worker_admin_token.get_secret_value()}"}
 
     async def one(worker: WorkerState) -> Any:
@@ -139,23 +143,13 @@ async def stats(
         for name, body in answers.items()
         for device in body["devices"]
     ]
-    models: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, list[dict[str, Any]]] = {}
     for name, body in answers.items():
         for model in body["models"]:
             entry = {**model, **_where(front, name)}
             if model.get("device"):
                 entry["device"] = f"{name}/{model['device']}"
-            seen = models.get(model["id"])
-            if seen is None:
-                models[model["id"]] = {**entry, "loaded_on": []}
-            else:  # counts add up over the workers; the entry shown is a loaded one
-                for key in ("frames", "usage_count", "refcount"):
-                    entry[key] = entry[key] + seen[key]
-                if entry["state"] != "loaded" and seen["state"] == "loaded":
-                    entry = {**seen, **{k: entry[k] for k in ("frames", "usage_count", "refcount")}}
-                models[model["id"]] = {**entry, "loaded_on": seen["loaded_on"]}
-            if model["state"] == "loaded":
-                models[model["id"]]["loaded_on"].append(name)
+            by_id.setdefault(model["id"], []).append(entry)
     summed: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
     dropped: dict[str, int] = {}
     evictions: dict[str, int] = {}
@@ -176,7 +170,7 @@ async def stats(
     summed.update(
         frames_dropped=dropped,
         evictions=evictions,
-        models_registered=len(models),
+        models_registered=len(by_id),
         uptime_s=round(time.monotonic() - front.started_at, 1),
         version=", ".join(sorted(versions)) or "unknown",
         workers_answering=len(answers),
@@ -184,7 +178,7 @@ async def stats(
     )
     return web.json_response(
         {
-            "models": sorted(models.values(), key=lambda m: str(m["id"])),
+            "models": [_one_model(entries) for _, entries in sorted(by_id.items())],
             "devices": devices,
             "cache": cache,
             "global": summed,
@@ -192,6 +186,15 @@ async def stats(
             "unavailable": unavailable,
         }
     )
+
+
+def _one_model(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's entries from the workers as one: a loaded entry when there is one, the
+    counts summed, and the workers it is loaded on."""
+    loaded = [e for e in entries if e["state"] == "loaded"]
+    shown = loaded[0] if loaded else entries[0]
+    summed = {key: sum(e[key] for e in entries) for key in _MODEL_SUMMED}
+    return {**shown, **summed, "loaded_on": [e["worker"] for e in loaded]}
 
 
 async def model_action(
@@ -229,14 +232,18 @@ async def model_action(
             f"no worker {'holds' if action == 'unload' else 'can load'} model {model_id[:64]!r}",
         )
     path = f"/admin/models/{model_id}/{action}"
-    answers, unavailable = await gather(front, http, "POST", path, targets, body=body)
+    # A load may take as long as any request may (a model's load and warm-up).
+    timeout_s = front.settings.server.request_timeout_s
+    answers, unavailable = await gather(
+        front, http, "POST", path, targets, body=body, timeout_s=timeout_s
+    )
     if not answers:
         raise RequestError(502, "worker_error", "; ".join(unavailable.values())[:1000])
     for name in answers:
         front.report_soon(name)
     return web.json_response(
         {
-            "models": [{**body, **_where(front, name)} for name, body in answers.items()],
+            "models": [{**entry, **_where(front, name)} for name, entry in answers.items()],
             "unavailable": unavailable,
         }
     )

@@ -12,9 +12,11 @@ one (``docs/architecture.md`` §14):
   worker has that name, ``410 session_lost`` when the worker restarted since).
 - ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call).
 - ``/health``, ``/ready`` (200 while at least one worker answers and the front is not
-  draining) and ``/admin/workers`` (each worker's last report) are the front's own.
-- Anything else (the demo page, ``/avatars``, ``/webrtc-config``, the admin API of one
-  worker) goes to a worker that answers.
+  draining) and ``/admin/workers`` (each worker's last report) are the front's own;
+  ``/admin/sessions``, ``/admin/models``, ``/admin/stats``, model loads and unloads, and
+  ``/metrics`` cover every worker (``web/cluster/aggregate.py``).
+- Anything else (the demo page, the admin page, ``/avatars``, ``/webrtc-config``) goes to
+  a worker that answers.
 
 Requests are forwarded with their method, path, query, headers and body; responses come
 back with their status, JSON error body and ``Retry-After``. Media never passes here.
@@ -35,6 +37,7 @@ from config.settings import Settings
 from streaming.exceptions import SessionLimitError
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.admin_auth import Handler, admin_denial, admin_only
+from web.app import ShutdownSignals
 from web.app_keys import DRAINING, OFFER_LIMITER, SETTINGS, DrainState
 from web.cluster import aggregate
 from web.cluster.front import ClusterFront
@@ -305,8 +308,6 @@ def serve_front(settings: Settings) -> None:
 
 
 async def _serve_front(settings: Settings, front: ClusterFront) -> None:
-    from web.app import ShutdownSignals  # the single-process server's signal handling
-
     server = settings.server
     app = build_front_app(settings, front=front)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)

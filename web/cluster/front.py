@@ -71,12 +71,15 @@ class ClusterFront:
         self._owned: set[str] = set()  # the workers this front started (and stops)
         self.workers: dict[str, WorkerState] = {}
         self._refresh: asyncio.Task[None] | None = None
-        self._soon: set[asyncio.Task[None]] = set()  # reports asked for after an offer
+        # Reports asked for out of turn (after an offer, a failed request): at most one
+        # per worker at a time, each done within the report timeout.
+        self._soon: dict[str, asyncio.Task[None]] = {}
         self.started_at = time.monotonic()
 
     def connect(self) -> None:
-        """Join or start Ray now (blocking, a few seconds): before the event loop runs,
-        so Ray's own signal handling stays off the server's."""
+        """Join or start Ray now (blocking, a few seconds), before the event loop runs, so
+        that nothing waits on it. On the main thread Ray installs a SIGTERM handler; the
+        server's own, installed on the loop afterwards, replaces it (drain first)."""
         self._ray = _import_ray()
         self._init_ray()
 
@@ -163,13 +166,16 @@ class ClusterFront:
 
     def report_soon(self, name: str) -> None:
         """Pull worker ``name``'s report now, without waiting for it (a session started
-        there): placement sees its new load before the next round."""
+        there): placement sees its new load before the next round. One already under way
+        for that worker stands for this one."""
+        if name in self._soon:
+            return
         task = asyncio.create_task(
             self._pull(name, self._actors[name], self._cluster.report_timeout_s),
             name=f"lipstream-cluster-report-{name}",
         )
-        self._soon.add(task)
-        task.add_done_callback(self._soon.discard)
+        self._soon[name] = task
+        task.add_done_callback(lambda _: self._soon.pop(name, None))
 
     async def _keep_fresh(self) -> None:
         while True:
@@ -189,7 +195,7 @@ class ClusterFront:
 
     async def close(self) -> None:
         """Stop the reports and the workers, and Ray if this front started it."""
-        for task in [self._refresh, *self._soon]:
+        for task in [self._refresh, *self._soon.values()]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -209,7 +215,3 @@ class ClusterFront:
             await asyncio.wait_for(ref, timeout_s)
         except Exception as exc:
             logger.warning("cluster: a worker did not answer while stopping: %r", exc)
-
-    def actor(self, name: str) -> Any:
-        """The Ray actor handle of worker ``name`` (tests kill workers through it)."""
-        return self._actors[name]

@@ -81,6 +81,7 @@ class Worker:
         self._runner: web.AppRunner | None = None
         self._url = ""
         self._lock = asyncio.Lock()
+        self._node, self._node_id = _node_address(), _ray_node_id()  # fixed for the process
         configure_logging(settings.logging.level, settings.logging.format)
         if self._settings.server.ice_loopback_only:  # for the life of this process
             self._loopback = contextlib.ExitStack()
@@ -95,8 +96,8 @@ class Worker:
             name=self._name,
             incarnation=self._incarnation,
             url=self._url,
-            node=_node_address(),
-            node_id=_ray_node_id(),
+            node=self._node,
+            node_id=self._node_id,
             pid=os.getpid(),
             models=frozenset(m.model_id for m in core.models if m.state == "loaded"),
             live_sessions=totals.live,
@@ -139,7 +140,7 @@ class Worker:
         site = web.TCPSite(runner, server.host, 0)
         await site.start()
         port = runner.addresses[0][1]
-        host = _node_address() if server.host in ("0.0.0.0", "::", "") else server.host
+        host = self._node if server.host in ("0.0.0.0", "::", "") else server.host
         self._url = f"http://{host}:{port}"
         self._runner = runner
         logger.info(
