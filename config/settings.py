@@ -192,6 +192,10 @@ class DevicesSettings(_Section):
     max_models_per_device: int = Field(default=64, ge=1)
     max_memory_per_device: ByteSize | None = Field(default=None, ge=1)
     cpu_threads_per_session: int = Field(default=0, ge=0)
+    # GPU options, each off until measured better on the GPU at hand (docs/performance.md).
+    precision: Literal["fp32", "fp16"] = "fp32"
+    tensorrt: bool = False
+    tensorrt_cache_dir: UserPath = Path("~/.cache/lipstream/tensorrt").expanduser()
 
     def workers_for(self, kind: str) -> int:
         """Worker threads per device of ``kind``: the setting, or 2 on CUDA and 1 on CPU.

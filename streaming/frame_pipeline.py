@@ -3,8 +3,8 @@
 The same steps serve the offline render and live sessions; only where the model runs
 differs (directly here, through the inference core's batcher in a live session)::
 
-    FrameStep ──prepare──▶ PreparedFrame (rect, crop, uint8 visual input)
-                                 │ model: visual + audio window ──▶ uint8 face
+    FrameStep ──prepare──▶ PreparedFrame (rect, crop, the model's uint8 region of it)
+                                 │ model: region + audio window ──▶ uint8 face
                                  ▼
                           compose ──▶ yuv420p output frame
 """
@@ -30,7 +30,7 @@ class PreparedFrame:
     step: FrameStep
     rect: Rect
     crop: np.ndarray | None  # crop-size BGR reference (also the paste-back canvas)
-    visual: np.ndarray | None  # uint8 [6, S, S]
+    visual: np.ndarray | None  # uint8 [S, S, 3]: the crop's model region (a view of crop)
 
 
 class FramePipeline:
@@ -45,14 +45,17 @@ class FramePipeline:
         self._border = spec.crop_border
 
     def prepare(self, step: FrameStep) -> PreparedFrame:
-        """Crop the avatar frame for ``step``; build the visual input if it needs inference."""
+        """Crop the avatar frame for ``step``; pick the model's region if it needs inference.
+
+        The region is a view: the serving graph builds the six-channel input on the device.
+        """
         x1, y1, x2, y2 = (int(v) for v in self.package.rects[step.avatar_index])
         rect = (x1, y1, x2, y2)
         if not step.infer:
             return PreparedFrame(step, rect, None, None)
         region = self.frames.crop_bgr(step.avatar_index, rect)
         crop = self.builder.crop_for_model(region)
-        return PreparedFrame(step, rect, crop, self.builder.visual_input(crop))
+        return PreparedFrame(step, rect, crop, self.builder.model_region(crop))
 
     def compose(self, prepared: PreparedFrame, face: np.ndarray | None) -> Frame:
         """Return the output frame: the raw background, or it with ``face`` blended in.

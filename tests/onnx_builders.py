@@ -19,11 +19,13 @@ def tiny_lipsync(
     size: int = 320,
     audio_shape: tuple[int, ...] = (32, 16, 16),
     seed: int = 0,
+    squash: bool = True,
 ) -> Path:
     """A cheap model with unet_328-style I/O whose output depends on every input.
 
     output = sigmoid(conv1x1(visual) + w · mean(audio)), per sample, so batching bugs
-    (mixed-up samples, wrong chunking) change the result.
+    (mixed-up samples, wrong chunking) change the result. ``squash=False`` leaves out
+    the sigmoid: outputs then run past any pixel range (to test saturation).
     """
     rng = np.random.default_rng(seed)
     weight = rng.normal(0, 0.5, (3, 6, 1, 1)).astype(np.float32)
@@ -37,9 +39,10 @@ def tiny_lipsync(
         helper.make_node("ReduceMean", [audio_name, "axes"], ["amean"], keepdims=0),
         helper.make_node("Reshape", ["amean", "shape4"], ["amean4"]),
         helper.make_node("Mul", ["amean4", "gain"], ["abias"]),
-        helper.make_node("Add", ["conv", "abias"], ["pre"]),
-        helper.make_node("Sigmoid", ["pre"], ["output"]),
+        helper.make_node("Add", ["conv", "abias"], ["pre" if squash else "output"]),
     ]
+    if squash:
+        nodes.append(helper.make_node("Sigmoid", ["pre"], ["output"]))
     inits = [
         numpy_helper.from_array(weight, "w"),
         numpy_helper.from_array(audio_gain, "gain"),

@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from config.settings import Settings
 from inference_core.adapter.onnx_io import open_session
+from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device
@@ -218,9 +219,9 @@ async def test_load_past_the_timeout_is_504_and_keeps_loading(tmp_path: Path) ->
     settings = _settings(_avatars(tmp_path, "alice"), registry={"load_timeout_s": 0.2})
     release = threading.Event()
 
-    def slow_factory(path: Path, device: Device) -> ort.InferenceSession:
+    def slow_factory(graph: ServingGraph, device: Device) -> ort.InferenceSession:
         release.wait(10)
-        return open_session(path)
+        return open_session(graph.serialized())
 
     avatars = settings.avatars
     core = InferenceCore(

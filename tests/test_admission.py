@@ -149,7 +149,7 @@ async def core(tmp_path: Path) -> AsyncIterator[InferenceCore]:
 
 async def _run_frames(model: ModelHandle, count: int) -> None:
     spec = model.spec
-    visual = np.zeros((count, *spec.visual_shape), dtype=np.uint8)
+    visual = np.zeros((count, spec.input_size, spec.input_size, 3), dtype=np.uint8)
     audio = np.zeros((count, *spec.audio_shape), dtype=np.float32)
     await model.infer(visual, audio, timeout_s=30.0, raw=False)
 

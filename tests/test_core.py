@@ -31,7 +31,7 @@ def _core(root: Path, **batching: float) -> InferenceCore:
 def _frame(seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (
-        rng.integers(0, 256, (6, 320, 320), dtype=np.uint8),
+        rng.integers(0, 256, (320, 320, 3), dtype=np.uint8),
         rng.normal(0, 1, (32, 16, 16)).astype(np.float32),
     )
 

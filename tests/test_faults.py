@@ -35,6 +35,7 @@ from aiortc import RTCPeerConnection
 
 from config.settings import AvatarsSettings, Settings
 from inference_core.adapter.onnx_io import open_session
+from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.assets.builtin import avatar_locator
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.exceptions import ModelOutOfMemoryError
@@ -303,15 +304,16 @@ class OutOfMemoryOnce:
         self.failures: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, path: Path, device: Device) -> ort.InferenceSession:
-        model_id = path.parent.name
+    def __call__(self, graph: ServingGraph, device: Device) -> ort.InferenceSession:
+        assert graph.source is not None
+        model_id = graph.source.parent.name
         with self._lock:
             self.calls.append(model_id)
             if self.failures.get(model_id, 0) > 0:
                 self.failures[model_id] -= 1
                 raise ModelOutOfMemoryError(f"simulated: {model_id} out of memory")
         providers, options = session_config(device, self.settings.devices)
-        return open_session(path, providers=providers, options=options)
+        return open_session(graph.serialized(), providers=providers, options=options)
 
 
 @pytest.mark.slow

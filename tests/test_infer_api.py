@@ -61,6 +61,39 @@ async def test_round_trip_matches_the_model(
     np.testing.assert_allclose(out, direct.run_raw(visual, audio), atol=1e-6)
 
 
+async def test_uint8_regions_get_faces_a_quarter_of_the_bytes(
+    client: TestClient[object, object], tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(3)
+    regions = rng.integers(0, 256, (3, 320, 320, 3), dtype=np.uint8)
+    audio = rng.normal(0, 1, (3, *AUDIO)).astype(np.float32)
+    body = regions.tobytes() + audio.astype("<f4").tobytes()
+    assert len(body) < len(_body(3)[2]) / 3  # vs the float contract's body
+    headers = {"Content-Type": "application/vnd.lipstream.uint8"}
+    response = await client.post(
+        "/v1/infer/alice?batch_size=3", data=io.BytesIO(body), headers=headers
+    )
+    assert response.status == 200, await response.text()
+    assert response.headers["Content-Type"] == "application/vnd.lipstream.uint8"
+    assert response.headers["X-Lipstream-Output-Shape"] == "3,320,320,3"
+    faces = np.frombuffer(await response.read(), dtype=np.uint8).reshape(3, 320, 320, 3)
+    model_path = tmp_path / "avatars" / "alice" / "lipsync.onnx"
+    np.testing.assert_array_equal(
+        faces, LipSyncAdapter.from_path(model_path, AdapterSpec()).run(regions, audio)
+    )
+    # The size a uint8 body must have is its own; other content types are refused.
+    short = await client.post(
+        "/v1/infer/alice?batch_size=3", data=io.BytesIO(body[:-4]), headers=headers
+    )
+    assert short.status == 400
+    assert "3x[320, 320, 3] uint8" in (await short.json())["error"]["message"]
+    text = await client.post(
+        "/v1/infer/alice?batch_size=3", data=b"x", headers={"Content-Type": "text/plain"}
+    )
+    assert text.status == 415
+    assert (await text.json())["error"]["code"] == "bad_content_type"
+
+
 @pytest.mark.parametrize(
     ("path", "status", "code"),
     [

@@ -30,7 +30,10 @@ async def test_raw_inference_client_example(tmp_path: Path) -> None:
         namespace: dict[str, object] = {}
         # The example uses blocking urllib, as a client script would: run it off the loop.
         await asyncio.to_thread(exec, code, namespace)
-    faces = namespace["faces"]
+    faces, raw = namespace["faces"], namespace["raw"]
     assert isinstance(faces, np.ndarray)
-    assert faces.shape == (2, 3, 320, 320)
-    assert 0.0 <= float(faces.min()) <= float(faces.max()) <= 1.0
+    assert faces.shape == (2, 320, 320, 3)
+    assert faces.dtype == np.uint8
+    assert isinstance(raw, np.ndarray)
+    assert raw.shape == (2, 3, 320, 320)
+    assert 0.0 <= float(raw.min()) <= float(raw.max()) <= 1.0

@@ -19,7 +19,7 @@ import pytest
 from config.settings import AvatarsSettings, Settings
 from inference_core.adapter.lipsync import LipSyncAdapter
 from inference_core.adapter.onnx_io import open_session
-from inference_core.adapter.spec import AdapterSpec
+from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.assets.builtin import avatar_locator
 from inference_core.avatars.exceptions import AvatarNotFoundError, InvalidAvatarIdError
 from inference_core.avatars.locator import AvatarLocator
@@ -33,13 +33,13 @@ from inference_core.exceptions import (
 )
 from inference_core.serving.devices import Device
 from inference_core.serving.frame_request import FrameRequest
-from inference_core.serving.loaded_model import run_bound
 from inference_core.serving.placement import VictimInfo, choose_victims
 from inference_core.serving.registry import ModelRegistry
 from tests.packages import make_package
 
 MIB = 1024 * 1024
 VISUAL = (6, 320, 320)
+REGION = (320, 320, 3)
 AUDIO = (32, 16, 16)
 
 
@@ -159,7 +159,8 @@ async def make_registry(
             }
         )
         locator = AvatarLocator(avatar_root)
-        devices = [Device(i) for i in range(n_devices)]
+        kind = seams.pop("device_kind", "cpu")
+        devices = [Device(i, kind, i) for i in range(n_devices)]
         registry = ModelRegistry(settings, locator, devices, **seams)
         registry.register_all()
         made.append(registry)
@@ -187,7 +188,7 @@ def _requests(n: int, *, raw: bool, seed: int = 0) -> list[FrameRequest]:
         visual: np.ndarray = (
             rng.random(VISUAL, dtype=np.float32)
             if raw
-            else rng.integers(0, 256, VISUAL, dtype=np.uint8)
+            else rng.integers(0, 256, REGION, dtype=np.uint8)
         )
         audio = rng.normal(0, 1, AUDIO).astype(np.float32)
         requests.append(FrameRequest("m", visual, audio, 0.0, loop.create_future(), loop, raw=raw))
@@ -202,14 +203,15 @@ class CountingFactory:
         self.failures = failures or {}
         self.lock = threading.Lock()
 
-    def __call__(self, path: Path, device: Device) -> ort.InferenceSession:
-        model_id = path.parent.name
+    def __call__(self, graph: ServingGraph, device: Device) -> ort.InferenceSession:
+        assert graph.source is not None
+        model_id = graph.source.parent.name
         with self.lock:
             self.calls.append(model_id)
             pending = self.failures.get(model_id)
             if pending:
                 raise pending.pop(0)
-        return open_session(path)
+        return open_session(graph.serialized())
 
 
 # -- placement --------------------------------------------------------------------------
@@ -298,21 +300,26 @@ async def test_lfu_evicts_the_least_used_model(make_registry: MakeRegistry) -> N
 
 
 class FixedSizeProbe:
-    """The memory-probe seam: every session opened adds ``size`` bytes on its device."""
+    """The memory-probe seam: every session opened adds ``size`` bytes on its device.
 
-    def __init__(self, size: int) -> None:
+    ``total`` plays NVML's total; ``base`` what other processes hold on the device.
+    """
+
+    def __init__(self, size: int, *, total: int | None = None, base: int = 0) -> None:
         self.size = size
+        self.total = total
         self.used: dict[int, int] = {}
+        self.base = base
 
     def used_bytes(self, device: Device) -> int:
-        return self.used.get(device.index, 0)
+        return self.base + self.used.get(device.index, 0)
 
     def total_bytes(self, device: Device) -> int | None:
-        return None
+        return self.total
 
-    def factory(self, path: Path, device: Device) -> ort.InferenceSession:
+    def factory(self, graph: ServingGraph, device: Device) -> ort.InferenceSession:
         self.used[device.index] = self.used.get(device.index, 0) + self.size
-        return open_session(path)
+        return open_session(graph.serialized())
 
 
 async def test_capacity_by_bytes_uses_measured_sizes(make_registry: MakeRegistry) -> None:
@@ -337,6 +344,36 @@ async def test_capacity_by_bytes_uses_measured_sizes(make_registry: MakeRegistry
     await registry.load("c")  # 80 + 40 (the mean measured size) > 100 MiB: "a" goes
     assert _loaded(registry) == {"b", "c"}
     assert registry.device_models()[0].memory_bytes == 80 * MIB
+
+
+async def test_a_gpu_without_room_evicts_or_refuses_before_loading(
+    make_registry: MakeRegistry,
+) -> None:
+    """No max_memory_per_device set: the GPU's own total (NVML) bounds what loads."""
+    probe = FixedSizeProbe(40 * MIB, total=120 * MIB, base=10 * MIB)  # 10 MiB not ours
+    clock = FakeClock()
+    registry = make_registry(
+        n_devices=1,
+        memory_probe=probe,
+        session_factory=probe.factory,
+        clock=clock,
+        device_kind="cuda",
+    )
+    a = await registry.acquire("a")
+    clock.advance()
+    await registry.load("b")
+    clock.advance()
+    assert probe.used_bytes(registry.devices[0]) == 90 * MIB
+    await registry.load("c")  # 90 + 40 measured > 120: idle "b" goes first, "a" is held
+    assert _loaded(registry) == {"a", "c"}
+    c = await registry.acquire("c")
+    probe.base = 60 * MIB  # another process took memory meanwhile
+    with pytest.raises(CapacityError, match="no room on cuda:0"):
+        await registry.acquire("d")  # both held: evicting nothing makes room
+    assert registry.entry("d").state != "loaded"
+    assert probe.used.get(0) == 120 * MIB  # "d" never opened a session
+    registry.release(a)
+    registry.release(c)
 
 
 async def test_models_in_use_are_never_evicted(make_registry: MakeRegistry) -> None:
@@ -564,9 +601,7 @@ async def test_stats_reflect_loads_usage_and_frames(make_registry: MakeRegistry)
 async def test_run_batch_matches_the_adapter(make_registry: MakeRegistry) -> None:
     registry = make_registry()
     model = await registry.acquire("a")
-    reference = LipSyncAdapter(
-        open_session(model.package.lipsync_path), model.package.manifest.adapter
-    )
+    reference = LipSyncAdapter.from_path(model.package.lipsync_path, model.package.manifest.adapter)
     faces = _requests(3, raw=False, seed=1)
     raws = _requests(2, raw=True, seed=2)
     mixed = model.run_batch([faces[0], raws[0], faces[1], raws[1], faces[2]])
@@ -582,18 +617,6 @@ async def test_run_batch_matches_the_adapter(make_registry: MakeRegistry) -> Non
     for got, want in zip([mixed[1], mixed[3]], expected_raw, strict=True):
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want, atol=1e-6)
-
-
-def test_iobinding_path_matches_plain_run(template: Path) -> None:
-    # The CUDA path's IOBinding code, run here with host-bound outputs.
-    adapter = LipSyncAdapter(
-        open_session(template / "lipsync.onnx"), AdapterSpec(), max_batch_size=2
-    )
-    rng = np.random.default_rng(3)
-    visual = rng.random((5, *VISUAL), dtype=np.float32)  # 5: chunks of 2, 2 and 1
-    audio = rng.normal(0, 1, (5, *AUDIO)).astype(np.float32)
-    bound = run_bound(adapter, visual, audio, device_type="cpu", device_id=0)
-    np.testing.assert_allclose(bound, adapter.run_raw(visual, audio), atol=1e-6)
 
 
 async def test_unload(make_registry: MakeRegistry) -> None:

@@ -727,7 +727,7 @@ async def test_real_onnx_model_serves_concurrent_sessions(harness: Harness, tmp_
     def make(session: str) -> FrameRequest:
         return FrameRequest(
             model_id="tiny",
-            visual=rng.integers(0, 256, (6, 320, 320), dtype=np.uint8),
+            visual=rng.integers(0, 256, (320, 320, 3), dtype=np.uint8),
             audio=rng.normal(0, 1, (32, 16, 16)).astype(np.float32),
             deadline=time.monotonic() + 60,
             future=loop.create_future(),

@@ -70,7 +70,7 @@ class HandModel:
         session_id: str | None = None,
     ) -> asyncio.Future[np.ndarray]:
         assert visual.dtype == np.uint8
-        assert visual.shape == (6, self.face_size, self.face_size)
+        assert visual.shape == (self.face_size, self.face_size, 3)
         if self.refuse is not None:
             raise self.refuse
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()

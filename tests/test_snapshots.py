@@ -45,7 +45,7 @@ async def test_the_core_snapshot_holds_devices_models_and_survives_json(tmp_path
     try:
         handle = await core.open("alice")
         rng = np.random.default_rng(0)
-        visual = rng.integers(0, 256, (3, 6, 320, 320), dtype=np.uint8)
+        visual = rng.integers(0, 256, (3, 320, 320, 3), dtype=np.uint8)
         audio = rng.normal(0, 1, (3, 32, 16, 16)).astype(np.float32)
         await handle.infer(visual, audio, timeout_s=30, raw=False)
         snapshot = await core.snapshot()

@@ -1,10 +1,10 @@
 """The lip-sync model adapter: avatar crops + audio windows in, uint8 face regions out.
 
 What the model expects (sizes, mask, colour and channel order, scaling) comes from the
-avatar manifest's :class:`~inference_core.avatars.manifest.AdapterSpec`.
-
-Frames travel as uint8 until the last moment: a 6×320×320 visual input is 614 KB as
-uint8 and 2.46 MB as float32 (``docs/architecture.md`` §3).
+avatar manifest's :class:`~inference_core.avatars.manifest.AdapterSpec`. The model runs
+as its serving graph, which takes the ``S×S`` BGR region of a crop and returns a BGR
+face, both uint8 (``docs/architecture.md`` §3); :class:`FaceInputBuilder` also builds
+the float input of the model's own contract, for the raw API and for checking the graph.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 
-from inference_core.adapter.onnx_io import bind_inputs, open_session
+from inference_core.adapter.onnx_io import ModelBinding, open_session
+from inference_core.adapter.serving_graph import (
+    AUDIO,
+    CROPS,
+    FACES,
+    RAW,
+    SCALED,
+    load_serving_graph,
+)
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.exceptions import ModelInputError, ModelLoadError
 
@@ -40,6 +48,27 @@ class FaceInputBuilder:
         """Resize a rect-sized BGR region to the crop size (bicubic), as training did."""
         size = self.spec.crop_size
         return cv2.resize(region_bgr, (size, size), interpolation=cv2.INTER_CUBIC)
+
+    def model_region(self, crop_bgr: np.ndarray) -> np.ndarray:
+        """The ``S×S`` BGR region of a crop-size crop that the model sees (a view).
+
+        This is what the serving graph takes; it builds the six-channel input itself.
+        """
+        b, s = self.spec.crop_border, self.spec.input_size
+        return crop_bgr[b : b + s, b : b + s]
+
+    def scaled_input(self, crop_bgr: np.ndarray) -> np.ndarray:
+        """The float32 ``[6,S,S]`` input the model itself takes (the raw API's contract)."""
+        if self.spec.pixel_scale == "zero_one":
+            scale, offset = 1.0 / 255.0, 0.0
+        else:
+            scale, offset = 1.0 / 127.5, -1.0
+        out: np.ndarray = np.multiply(
+            self.visual_input(crop_bgr), np.float32(scale), dtype=np.float32
+        )
+        if offset:
+            out += np.float32(offset)
+        return out
 
     def visual_input(self, crop_bgr: np.ndarray) -> np.ndarray:
         """Build the uint8 ``[6,S,S]`` visual input from a crop-sized BGR crop.
@@ -70,29 +99,39 @@ class FaceInputBuilder:
 
 
 class LipSyncAdapter:
-    """Feeds one lip-sync ONNX session according to an :class:`AdapterSpec`.
+    """Runs one lip-sync model through its serving graph (:mod:`.serving_graph`).
 
-    ``run`` is thread-safe (onnxruntime's ``session.run`` is) and releases the GIL while
-    the model runs, so callers hand it to an executor.
+    ``run`` takes uint8 model-input regions and gives uint8 faces, ``run_raw`` keeps the
+    model's float contract; both chunk to ``max_batch_size`` (1 for a static-batch
+    export). Thread-safe (onnxruntime's ``session.run`` is) and the GIL is released while
+    the model runs, so callers hand it to an executor. The device serving path
+    (:class:`~inference_core.serving.loaded_model.LoadedModel`) shares the session but
+    runs it with bound, reused buffers.
     """
 
     def __init__(
-        self, session: ort.InferenceSession, spec: AdapterSpec, *, max_batch_size: int = 8
+        self,
+        session: ort.InferenceSession,
+        spec: AdapterSpec,
+        binding: ModelBinding,
+        *,
+        max_batch_size: int = 8,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        names = {i.name for i in session.get_inputs()} | {o.name for o in session.get_outputs()}
+        if not {CROPS, SCALED, AUDIO, FACES, RAW} <= names:
+            raise ModelLoadError(
+                "session is not a lipstream serving graph (open it with LipSyncAdapter.from_path "
+                "or inference_core.adapter.serving_graph.load_serving_graph)"
+            )
         self.session = session
         self.spec = spec
-        self.binding = bind_inputs(
-            [(i.name, i.shape) for i in session.get_inputs()],
-            [(o.name, o.shape) for o in session.get_outputs()],
-            spec,
-        )
-        self.max_batch_size = max_batch_size if self.binding.dynamic_batch else 1
-        if spec.pixel_scale == "zero_one":
-            self._in_scale, self._in_offset = 1.0 / 255.0, 0.0
-        else:
-            self._in_scale, self._in_offset = 1.0 / 127.5, -1.0
+        self.binding = binding
+        self.max_batch_size = max_batch_size if binding.dynamic_batch else 1
+        s = spec.input_size
+        self._no_scaled = np.zeros((0, *spec.visual_shape), dtype=np.float32)
+        self._no_crops = np.zeros((0, s, s, 3), dtype=np.uint8)
 
     @classmethod
     def from_path(
@@ -103,72 +142,53 @@ class LipSyncAdapter:
         max_batch_size: int = 8,
         providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
         options: ort.SessionOptions | None = None,
+        fp16: bool = False,
     ) -> LipSyncAdapter:
-        """Load ``path`` and bind it; a model that does not fit raises :class:`ModelLoadError`."""
-        session = open_session(path, providers=providers, options=options)
-        try:
-            return cls(session, spec, max_batch_size=max_batch_size)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"{path}: {exc}") from exc
+        """Load, wrap and open ``path``; a model that does not fit raises ModelLoadError."""
+        graph = load_serving_graph(path, spec, fp16=fp16)
+        session = open_session(
+            graph.serialized(), label=str(path), providers=providers, options=options
+        )
+        return cls(session, spec, graph.binding, max_batch_size=max_batch_size)
 
-    def run(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
-        """Run uint8 visual inputs ``[B,6,S,S]`` with float32 audio ``[B,*audio_shape]``.
-
-        Returns BGR uint8 face regions ``[B,S,S,3]``. Any B works: batches are chunked to
-        ``max_batch_size`` (1 for models with a static batch axis).
-        """
-        n = self._check_batch(visual, audio, visual_dtype=np.uint8)
-        out = np.empty((n, self.spec.input_size, self.spec.input_size, 3), dtype=np.uint8)
+    def run(self, crops: np.ndarray, audio: np.ndarray) -> np.ndarray:
+        """uint8 BGR model-input regions ``[B,S,S,3]`` + float32 audio → uint8 BGR faces."""
+        s = self.spec.input_size
+        n = self._check(crops, audio, np.uint8, (s, s, 3))
+        out = np.empty((n, s, s, 3), dtype=np.uint8)
         for start in range(0, n, self.max_batch_size):
             stop = min(n, start + self.max_batch_size)
-            y = self._run_float(self.scale_visual(visual[start:stop]), audio[start:stop])
-            out[start:stop] = self.to_uint8(y)
+            feeds = {
+                CROPS: crops[start:stop],
+                SCALED: self._no_scaled,
+                AUDIO: np.ascontiguousarray(audio[start:stop], dtype=np.float32),
+            }
+            out[start:stop] = self.session.run([FACES], feeds)[0]
         return out
 
-    def scale_visual(self, visual: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """uint8 visual input(s) → float32 as the model expects (``pixel_scale``)."""
-        out = np.multiply(visual, np.float32(self._in_scale), out=out, dtype=np.float32)
-        if self._in_offset:
-            out += np.float32(self._in_offset)
-        return out
-
-    def to_uint8(self, y: np.ndarray) -> np.ndarray:
-        """Model outputs ``[B,3,S,S]`` → uint8 BGR faces ``[B,S,S,3]`` (``output_scale``).
-
-        Scaled, rounded to nearest and saturated in one OpenCV pass per face, then
-        interleaved by ``cv2.merge`` (0.11 ms for a 320 face here; 0.8 ms with numpy's
-        five passes).
-        """
-        if self.spec.output_scale == "minus_one_one":
-            scale, offset = 127.5, 127.5
-        else:
-            scale, offset = 255.0, 0.0
-        b, c, h, w = y.shape
-        out = np.empty((b, h, w, 3), dtype=np.uint8)
-        flat = np.ascontiguousarray(y, dtype=np.float32).reshape(b, c * h, w)
-        for i in range(b):
-            planes = cv2.addWeighted(flat[i], scale, flat[i], 0.0, offset, dtype=cv2.CV_8U)
-            p0, p1, p2 = planes.reshape(c, h, w)
-            bgr = [p2, p1, p0] if self.spec.color_order == "rgb" else [p0, p1, p2]
-            cv2.merge(bgr, dst=out[i])
-        return out
-
-    def run_raw(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
-        """Run already-scaled float32 inputs and return the raw float32 outputs ``[B,3,S,S]``."""
-        n = self._check_batch(visual, audio, visual_dtype=np.float32)
-        chunks = [
-            self._run_float(visual[i : i + self.max_batch_size], audio[i : i + self.max_batch_size])
-            for i in range(0, n, self.max_batch_size)
-        ]
+    def run_raw(self, scaled: np.ndarray, audio: np.ndarray) -> np.ndarray:
+        """Already-scaled float32 inputs ``[B,6,S,S]`` → the model's float32 ``[B,3,S,S]``."""
+        n = self._check(scaled, audio, np.float32, self.spec.visual_shape)
+        chunks = []
+        for start in range(0, n, self.max_batch_size):
+            stop = min(n, start + self.max_batch_size)
+            feeds = {
+                CROPS: self._no_crops,
+                SCALED: np.ascontiguousarray(scaled[start:stop]),
+                AUDIO: np.ascontiguousarray(audio[start:stop], dtype=np.float32),
+            }
+            chunks.append(self.session.run([RAW], feeds)[0])
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0)
 
-    def _check_batch(self, visual: np.ndarray, audio: np.ndarray, *, visual_dtype: type) -> int:
+    def _check(
+        self, visual: np.ndarray, audio: np.ndarray, dtype: type, shape: tuple[int, ...]
+    ) -> int:
         spec = self.spec
-        n = visual.shape[0] if visual.ndim == 4 else -1
-        if visual.dtype != visual_dtype or visual.shape[1:] != spec.visual_shape:
+        n = visual.shape[0] if visual.ndim == len(shape) + 1 else -1
+        if visual.dtype != dtype or visual.shape[1:] != shape:
             raise ModelInputError(
-                f"visual input must be {np.dtype(visual_dtype).name} "
-                f"[B,{','.join(map(str, spec.visual_shape))}], got {visual.dtype} {visual.shape}"
+                f"visual input must be {np.dtype(dtype).name} [B,{','.join(map(str, shape))}], "
+                f"got {visual.dtype} {visual.shape}"
             )
         if audio.shape != (n, *spec.audio_shape):
             raise ModelInputError(
@@ -176,9 +196,3 @@ class LipSyncAdapter:
                 f"got {audio.shape}"
             )
         return n
-
-    def _run_float(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
-        b = self.binding
-        feeds = {b.visual_name: visual, b.audio_name: np.ascontiguousarray(audio, np.float32)}
-        result = self.session.run([b.output_name], feeds)[0]
-        return np.asarray(result, dtype=np.float32)

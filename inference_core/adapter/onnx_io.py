@@ -76,19 +76,24 @@ def bind_inputs(
 
 
 def open_session(
-    path: Path,
+    source: Path | bytes,
     *,
+    label: str | None = None,
     providers: Sequence[str | tuple[str, dict[str, str]]] | None = None,
     options: ort.SessionOptions | None = None,
 ) -> ort.InferenceSession:
-    """Create an onnxruntime session, turning every failure into a :class:`ModelLoadError`."""
-    if not path.is_file():
-        raise ModelLoadError(f"model file {path} does not exist")
+    """Create an onnxruntime session from a file or serialized model bytes.
+
+    Every failure becomes a :class:`ModelLoadError` naming ``label`` (or the file).
+    """
+    what = label or (str(source) if isinstance(source, Path) else "in-memory model")
+    if isinstance(source, Path) and not source.is_file():
+        raise ModelLoadError(f"model file {source} does not exist")
     try:
         return ort.InferenceSession(
-            str(path),
+            str(source) if isinstance(source, Path) else source,
             sess_options=options,
             providers=list(providers) if providers else ["CPUExecutionProvider"],
         )
     except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail/InvalidGraph
-        raise ModelLoadError(f"model file {path} cannot be loaded: {exc}") from exc
+        raise ModelLoadError(f"model {what} cannot be loaded: {exc}") from exc

@@ -17,14 +17,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import onnxruntime as ort
 
 from config.settings import Settings
+from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.exceptions import ShuttingDownError
-from inference_core.serving.devices import Device, MemoryProbe, detect_devices
+from inference_core.serving.devices import (
+    Device,
+    MemoryProbe,
+    check_gpu_options,
+    detect_devices,
+)
 from inference_core.serving.events import CoreEvents
 from inference_core.serving.handle import ModelHandle
 from inference_core.serving.loaded_model import LoadedModel
@@ -34,7 +39,7 @@ from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot
 
 logger = logging.getLogger(__name__)
 
-SessionFactory = Callable[[Path, Device], ort.InferenceSession]
+SessionFactory = Callable[[ServingGraph, Device], ort.InferenceSession]
 
 
 class InferenceCore:
@@ -56,6 +61,7 @@ class InferenceCore:
     ) -> None:
         self.settings = settings
         self.devices = list(devices) if devices is not None else detect_devices(settings.devices)
+        check_gpu_options(settings.devices, self.devices)
         batching = settings.batching
         self.schedulers = [
             DeviceScheduler(

@@ -35,6 +35,7 @@ DeviceKind = Literal["cpu", "cuda"]
 Providers = list[str | tuple[str, dict[str, str]]]
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
+TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 _NVIDIA_SMI_TIMEOUT_S = 10.0
 
@@ -233,7 +234,10 @@ def session_config(
             "cudnn_conv_algo_search": "HEURISTIC",
         }
         options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
-        return [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER], options
+        providers: Providers = [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER]
+        if settings.tensorrt:
+            providers.insert(0, (TENSORRT_PROVIDER, tensorrt_options(device, settings)))
+        return providers, options
     cores = os.cpu_count() or 1
     concurrent = settings.workers_for(device.kind) * (settings.count or 1)
     threads = settings.cpu_threads_per_session or max(1, cores // concurrent)
@@ -245,6 +249,35 @@ def session_config(
     shared_cpu_arena()
     options.add_session_config_entry("session.use_env_allocators", "1")
     return [CPU_PROVIDER], options
+
+
+def tensorrt_options(device: Device, settings: DevicesSettings) -> dict[str, str]:
+    """TensorRT provider options: engines and timing caches kept on disk between starts.
+
+    Building an engine takes minutes per model and batch profile; with the caches a
+    restart loads it in seconds. fp16 kernels follow ``devices.precision``.
+    """
+    cache = str(settings.tensorrt_cache_dir)
+    return {
+        "device_id": str(device.ordinal),
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": cache,
+        "trt_timing_cache_enable": "True",
+        "trt_timing_cache_path": cache,
+        "trt_fp16_enable": "True" if settings.precision == "fp16" else "False",
+    }
+
+
+def check_gpu_options(settings: DevicesSettings, devices: Sequence[Device]) -> None:
+    """Refuse GPU options this onnxruntime cannot honour, naming the setting and the fix."""
+    if settings.tensorrt and any(d.kind == "cuda" for d in devices):
+        if TENSORRT_PROVIDER not in ort.get_available_providers():
+            raise InferenceError(
+                f"devices.tensorrt is on but onnxruntime {ort.__version__} offers no "
+                f"{TENSORRT_PROVIDER}; install onnxruntime-gpu with the TensorRT libraries "
+                "(pip install tensorrt) or set devices.tensorrt: false"
+            )
+        settings.tensorrt_cache_dir.mkdir(parents=True, exist_ok=True)
 
 
 class MemoryProbe(Protocol):

@@ -4,6 +4,11 @@
 workers call. It is created (and closed) by the registry, which also moves its
 reference count; workers call :meth:`LoadedModel.run_batch` concurrently from their
 threads, so counters sit behind a lock.
+
+A batch runs through the model's serving graph with IOBinding: the frames' uint8
+regions and audio are copied into the worker thread's preallocated (on CUDA
+page-locked) buffers, the faces come back into one array per batch, and the binding
+object is kept per worker buffer set and bucket (``docs/architecture.md`` §4).
 """
 
 from __future__ import annotations
@@ -11,17 +16,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from inference_core.adapter.lipsync import LipSyncAdapter
+from inference_core.adapter.serving_graph import (
+    AUDIO,
+    CROPS,
+    FACES,
+    RAW,
+    SCALED,
+    ServingGraph,
+    load_serving_graph,
+)
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.avatars.package import AvatarPackage
 from inference_core.exceptions import ModelInputError, ModelLoadError, ModelOutOfMemoryError
+from inference_core.serving.batch_buffers import bucket_for, bucket_sizes, thread_buffers
 from inference_core.serving.devices import Device
 from inference_core.serving.frame_request import FrameRequest
 
@@ -66,6 +80,7 @@ class LoadedModel:
     """One open lip-sync session on one device, with its use counters.
 
     ``memory_bytes`` is what loading and warming it up measured on its device.
+    ``pad_batches`` (default: on CUDA only) runs every batch at its bucket's size.
     """
 
     def __init__(
@@ -78,6 +93,7 @@ class LoadedModel:
         clock: Callable[[], float] = time.monotonic,
         memory_bytes: int = 0,
         load_seconds: float = 0.0,
+        pad_batches: bool | None = None,
     ) -> None:
         self._model_id = model_id
         self.device = device
@@ -85,6 +101,14 @@ class LoadedModel:
         self._adapter: LipSyncAdapter | None = adapter
         self._spec = adapter.spec
         self._max_batch_size = adapter.max_batch_size
+        self.buckets = bucket_sizes(adapter.max_batch_size)
+        self.pad_batches = device.kind == "cuda" if pad_batches is None else pad_batches
+        s = self._spec.input_size
+        self._region_shape = (s, s, 3)
+        self._no_scaled = np.zeros((0, *self._spec.visual_shape), dtype=np.float32)
+        # (input buffer set, batch rows) -> the IOBinding made for it; each buffer set
+        # belongs to one thread, so an entry is only ever used by one thread at a time.
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._clock = clock
         self.memory_bytes = memory_bytes
         self.load_seconds = load_seconds
@@ -104,26 +128,30 @@ class LoadedModel:
         cls,
         package: AvatarPackage,
         device: Device,
-        session_factory: Callable[[Path, Device], ort.InferenceSession],
+        session_factory: Callable[[ServingGraph, Device], ort.InferenceSession],
         *,
         max_batch_size: int,
         clock: Callable[[], float] = time.monotonic,
+        fp16: bool = False,
+        pad_batches: bool | None = None,
     ) -> LoadedModel:
-        """Open ``package``'s lip-sync model on ``device``, bind it and warm it up.
+        """Wrap ``package``'s lip-sync model, open it on ``device`` and warm every bucket.
 
-        Warms batch sizes 1 and ``max_batch_size`` (what the scheduler will send).
-        Raises :class:`ModelOutOfMemoryError` when the device ran out of memory (also
-        when onnxruntime's error text says so), else :class:`ModelLoadError`.
+        ``fp16`` converts the weights to float16 (CUDA devices only; a CPU device keeps
+        float32). Raises :class:`ModelOutOfMemoryError` when the device ran out of
+        memory (also when onnxruntime's error text says so), else :class:`ModelLoadError`.
         """
         path = package.lipsync_path
+        spec = package.manifest.adapter
         what = f"model {package.avatar_id!r} ({path.name}) on {device.name}"
         try:
-            session = session_factory(path, device)
-            adapter = LipSyncAdapter(
-                session, package.manifest.adapter, max_batch_size=max_batch_size
+            graph = load_serving_graph(path, spec, fp16=fp16 and device.kind == "cuda")
+            session = session_factory(graph, device)
+            adapter = LipSyncAdapter(session, spec, graph.binding, max_batch_size=max_batch_size)
+            model = cls(
+                package.avatar_id, device, package, adapter, clock=clock, pad_batches=pad_batches
             )
-            model = cls(package.avatar_id, device, package, adapter, clock=clock)
-            model.warm_up({1, model.max_batch_size})
+            model.warm_up()
         except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail subclasses
             if is_out_of_memory(exc):
                 raise ModelOutOfMemoryError(
@@ -200,19 +228,26 @@ class LoadedModel:
         self._last_used_wall = time.time()
 
     def run_batch(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
-        """Run ``requests`` as one batch (see :class:`ModelRunner`); thread-safe.
+        """Run ``requests`` (see :class:`ModelRunner`); thread-safe.
 
-        uint8 visual inputs are scaled as the adapter scales them, float32 ones are taken
-        as already scaled. Returns float32 ``[3,S,S]`` for raw requests, uint8 BGR
-        ``[S,S,3]`` for the others.
+        A request with uint8 ``[S,S,3]`` visual input gets a uint8 BGR face ``[S,S,3]``;
+        a raw one (float32 ``[6,S,S]``, already scaled) the float32 ``[3,S,S]`` output.
+        More requests than ``max_batch_size`` run as several batches.
         """
         if not requests:
             return []
         started = time.perf_counter()
         try:
-            visual, audio = self._batch_inputs(requests)
-            output = self._run_float(visual, audio)
-            results = self._split_outputs(requests, output)
+            self._check(requests)
+            results: list[np.ndarray | None] = [None] * len(requests)
+            # Faces first, raw requests after: the serving graph's batch order.
+            order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
+            step = self._max_batch_size
+            for start in range(0, len(order), step):
+                chunk = order[start : start + step]
+                outputs = self._run_chunk([requests[i] for i in chunk])
+                for i, output in zip(chunk, outputs, strict=True):
+                    results[i] = output
         except BaseException:
             with self._lock:
                 self._failures += 1
@@ -222,22 +257,26 @@ class LoadedModel:
             self._frames += len(requests)
             self._batches += 1
             self._inference_seconds += elapsed
-        return results
+        return results  # type: ignore[return-value]  # every slot was filled
 
-    def warm_up(self, batch_sizes: Iterable[int]) -> None:
-        """Run zero inputs at each batch size so first real frames do not pay for set-up.
+    def warm_up(self) -> None:
+        """Run every bucket once (and a raw frame) so no shape is first seen live.
 
         Part of loading; errors propagate (an out-of-memory here is a failed load).
         """
         spec = self._spec
-        for size in sorted(set(batch_sizes)):
-            visual = np.zeros((size, *spec.visual_shape), dtype=np.float32)
-            audio = np.zeros((size, *spec.audio_shape), dtype=np.float32)
-            self._run_float(visual, audio)
+        region = np.zeros(self._region_shape, dtype=np.uint8)
+        audio = np.zeros(spec.audio_shape, dtype=np.float32)
+        frame = _WarmUpFrame(region, audio, raw=False)
+        for size in self.buckets:
+            self._run_chunk([frame] * size)  # type: ignore[list-item]
+        raw = _WarmUpFrame(np.zeros(spec.visual_shape, dtype=np.float32), audio, raw=True)
+        self._run_chunk([raw])  # type: ignore[list-item]
 
     def close(self) -> None:
         """Drop the session: its memory goes back to the device only when it is destroyed."""
         self._adapter = None
+        self._bindings = {}
 
     def _require_adapter(self) -> LipSyncAdapter:
         adapter = self._adapter
@@ -247,77 +286,70 @@ class LoadedModel:
             )
         return adapter
 
-    def _batch_inputs(self, requests: Sequence[FrameRequest]) -> tuple[np.ndarray, np.ndarray]:
+    def _check(self, requests: Sequence[FrameRequest]) -> None:
         spec = self._spec
-        adapter = self._require_adapter()
-        visual = np.empty((len(requests), *spec.visual_shape), dtype=np.float32)
-        audio = np.empty((len(requests), *spec.audio_shape), dtype=np.float32)
-        for i, request in enumerate(requests):
+        for request in requests:
             v = request.visual
-            if v.shape != spec.visual_shape or v.dtype not in (np.uint8, np.float32):
+            want = (
+                (np.float32, spec.visual_shape) if request.raw else (np.uint8, self._region_shape)
+            )
+            if v.dtype != want[0] or v.shape != want[1]:
+                kind = "raw visual input" if request.raw else "visual input (the model region)"
                 raise ModelInputError(
-                    f"model {self._model_id!r}: visual input must be uint8 or float32 "
-                    f"{list(spec.visual_shape)}, got {v.dtype} {list(v.shape)}"
+                    f"model {self._model_id!r}: {kind} must be {np.dtype(want[0]).name} "
+                    f"{list(want[1])}, got {v.dtype} {list(v.shape)}"
                 )
-            if v.dtype == np.uint8:
-                adapter.scale_visual(v, out=visual[i])
-            else:
-                visual[i] = v
             if request.audio.shape != spec.audio_shape:
                 raise ModelInputError(
                     f"model {self._model_id!r}: audio input must be {list(spec.audio_shape)}, "
                     f"got {list(request.audio.shape)}"
                 )
-            audio[i] = request.audio
-        return visual, audio
 
-    def _split_outputs(
-        self, requests: Sequence[FrameRequest], output: np.ndarray
-    ) -> list[np.ndarray]:
-        faces = [i for i, r in enumerate(requests) if not r.raw]
-        if len(faces) == len(requests):
-            return list(self._require_adapter().to_uint8(output))
-        bgr = self._require_adapter().to_uint8(output[faces]) if faces else None
-        results: list[np.ndarray] = []
-        face_index = 0
-        for i, request in enumerate(requests):
-            if request.raw:
-                results.append(output[i].copy())  # a copy: a view would pin the whole batch
-            else:
-                assert bgr is not None
-                results.append(bgr[face_index])
-                face_index += 1
-        return results
-
-    def _run_float(self, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
+    def _run_chunk(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
+        """One model run: faces' frames first, raw frames last, padded if configured."""
         adapter = self._require_adapter()
-        if self.device.kind != "cuda":
-            return adapter.run_raw(visual, audio)
-        return run_bound(adapter, visual, audio, device_type="cuda", device_id=self.device.ordinal)
+        spec = self._spec
+        raw_count = sum(1 for r in requests if r.raw)
+        live = len(requests) - raw_count
+        rows = bucket_for(len(requests), self.buckets) if self.pad_batches else len(requests)
+        crop_rows = rows - raw_count  # padding sits after the faces' frames
+        buffers = thread_buffers().get(
+            spec.input_size, spec.audio_shape, self.buckets[-1], pinned=self.device.kind == "cuda"
+        )
+        for j in range(live):
+            buffers.crops[j] = requests[j].visual
+            buffers.audio[j] = requests[j].audio
+        for k in range(raw_count):
+            buffers.audio[crop_rows + k] = requests[live + k].audio
+        scaled = np.stack([r.visual for r in requests[live:]]) if raw_count else self._no_scaled
+        key = (buffers.serial, rows)
+        io = self._bindings.get(key)
+        if io is None:
+            io = self._bindings[key] = adapter.session.io_binding()
+        # Inputs are bound again every run: on CUDA binding is the copy to the device.
+        io.bind_cpu_input(CROPS, buffers.crops[:crop_rows])
+        io.bind_cpu_input(SCALED, scaled)
+        io.bind_cpu_input(AUDIO, buffers.audio[:rows])
+        s = spec.input_size
+        faces = np.empty((rows, s, s, 3), dtype=np.uint8)
+        io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
+        raw = None
+        if raw_count:
+            raw = np.empty((rows, *spec.output_shape), dtype=np.float32)
+            io.bind_output(RAW, "cpu", 0, np.float32, list(raw.shape), raw.ctypes.data)
+        adapter.session.run_with_iobinding(io)
+        if raw is not None:
+            io.clear_binding_outputs()  # the next run binds its own arrays
+        outputs: list[np.ndarray] = [faces[j] for j in range(live)]
+        if raw is not None:
+            outputs += [raw[crop_rows + k] for k in range(raw_count)]
+        return outputs
 
 
-def run_bound(
-    adapter: LipSyncAdapter,
-    visual: np.ndarray,
-    audio: np.ndarray,
-    *,
-    device_type: str,
-    device_id: int,
-) -> np.ndarray:
-    """Run float32 inputs through ``adapter``'s session with IOBinding; float32 ``[B,3,S,S]``.
+@dataclass(frozen=True)
+class _WarmUpFrame:
+    """The fields of a :class:`FrameRequest` that a model run reads."""
 
-    Inputs are bound from host memory (copied to the device once), the output is
-    allocated on ``device_type``/``device_id`` by onnxruntime and copied back once,
-    instead of ``run()``'s extra staging copies. Chunked to the adapter's batch size.
-    """
-    binding, session = adapter.binding, adapter.session
-    step = adapter.max_batch_size
-    chunks = []
-    for start in range(0, visual.shape[0], step):
-        io = session.io_binding()
-        io.bind_cpu_input(binding.visual_name, np.ascontiguousarray(visual[start : start + step]))
-        io.bind_cpu_input(binding.audio_name, np.ascontiguousarray(audio[start : start + step]))
-        io.bind_output(binding.output_name, device_type, device_id)
-        session.run_with_iobinding(io)
-        chunks.append(np.asarray(io.copy_outputs_to_cpu()[0], dtype=np.float32))
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0)
+    visual: np.ndarray
+    audio: np.ndarray
+    raw: bool

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TypeVar
 
 import onnxruntime as ort
 
 from config.settings import Settings
 from inference_core.adapter.onnx_io import open_session
+from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.avatars.exceptions import AvatarError
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.package import AvatarPackage
@@ -33,7 +33,7 @@ from inference_core.serving.loaded_model import LoadedModel
 
 logger = logging.getLogger(__name__)
 
-SessionFactory = Callable[[Path, Device], ort.InferenceSession]
+SessionFactory = Callable[[ServingGraph, Device], ort.InferenceSession]
 _T = TypeVar("_T")
 
 
@@ -114,6 +114,7 @@ class ModelLoader:
                 self._session_factory,
                 max_batch_size=self._settings.batching.max_batch_size,
                 clock=self._clock,
+                fp16=self._settings.devices.precision == "fp16",
             )
             load_seconds = time.perf_counter() - started
             after = probe.used_bytes(device)
@@ -130,9 +131,10 @@ class ModelLoader:
         )
         return model
 
-    def _open_session(self, path: Path, device: Device) -> ort.InferenceSession:
+    def _open_session(self, graph: ServingGraph, device: Device) -> ort.InferenceSession:
         providers, options = session_config(device, self._settings.devices)
-        return open_session(path, providers=providers, options=options)
+        label = str(graph.source) if graph.source else None
+        return open_session(graph.serialized(), label=label, providers=providers, options=options)
 
     async def _run_on(self, device: Device, func: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()

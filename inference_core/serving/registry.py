@@ -136,6 +136,9 @@ class ModelRegistry:
         self._entries: dict[str, ModelEntry] = {}
         self._device_locks = [asyncio.Lock() for _ in self._devices]
         self._pending = [0] * len(self._devices)  # loads placed on each device, not finished
+        # What each model measured at its last load (kept after eviction: its next load
+        # is placed by it). An int per model that was ever loaded.
+        self._measured: dict[str, int] = {}
         self._rr_counter = 0
         self._evictions: dict[EvictionReason, int] = {"capacity": 0, "idle": 0, "admin": 0}
         self._closed = False
@@ -351,7 +354,7 @@ class ModelRegistry:
                         read = await self._loader.read(device, model_id)
                     package, file_size = read
                     try:
-                        victims = self._victims_for_room(device, file_size)
+                        victims = self._victims_for_room(device, file_size, model_id)
                     except CapacityError as exc:
                         refusal = refusal or exc
                         continue
@@ -399,23 +402,45 @@ class ModelRegistry:
                 by_device[entry.model.device.index].append(entry.model)
         return by_device
 
-    def _victims_for_room(self, device: Device, file_size: int) -> list[LoadedModel]:
-        """Models to evict from ``device`` so one more fits; CapacityError if impossible."""
+    def _victims_for_room(
+        self, device: Device, file_size: int, model_id: str = ""
+    ) -> list[LoadedModel]:
+        """Models to evict from ``device`` so one more fits; CapacityError if impossible.
+
+        Bytes are checked against ``devices.max_memory_per_device`` (the models' measured
+        sizes) and, on a GPU whose memory NVML reads, against the GPU itself (what is in
+        use now, other processes included): a model that cannot fit is refused here, not
+        left to run the device out of memory.
+        """
         limits = self._settings.devices
         loaded = self._loaded_by_device()
         here = loaded[device.index]
         need_models = len(here) + 1 - limits.max_models_per_device
+        estimate = self._size_estimate(model_id, file_size, loaded)
         need_bytes = 0
         if limits.max_memory_per_device is not None:
-            sizes = [m.memory_bytes for models in loaded for m in models]
-            # Before anything is measured, a model takes about twice its file (weights +
-            # arena); after, the models measured so far are the better guess.
-            estimate = sum(sizes) // len(sizes) if sizes else 2 * file_size
             used = sum(m.memory_bytes for m in here)
             need_bytes = used + estimate - limits.max_memory_per_device
+        if device.kind == "cuda":
+            probe = self._loader.memory_probe
+            total = probe.total_bytes(device)
+            used_now = probe.used_bytes(device)
+            if total and used_now:  # NVML answered
+                need_bytes = max(need_bytes, used_now + estimate - total)
         if need_models <= 0 and need_bytes <= 0:
             return []
         return self._pick(device, here, need_models, need_bytes)
+
+    def _size_estimate(
+        self, model_id: str, file_size: int, loaded: Sequence[Sequence[LoadedModel]]
+    ) -> int:
+        """Bytes the model will take: as measured at its last load, else the mean measured
+        size of loaded models, else about twice its file (weights + arena)."""
+        known = self._measured.get(model_id)
+        if known is not None:
+            return known
+        sizes = [m.memory_bytes for models in loaded for m in models]
+        return sum(sizes) // len(sizes) if sizes else 2 * file_size
 
     def _pick(
         self, device: Device, models: Sequence[LoadedModel], need_models: int, need_bytes: int
@@ -452,6 +477,7 @@ class ModelRegistry:
             )
             await self._evict(victims, "capacity")
             model = await self._loader.build(device, package, file_size)
+        self._measured[model.model_id] = model.memory_bytes
         self.events.model_loaded(device.name, model.load_seconds or 0.0)
         return model
 

@@ -143,6 +143,7 @@ SESSION_OPERATIONS = (
 )
 
 _FLOATS = "application/octet-stream"
+_UINT8 = "application/vnd.lipstream.uint8"
 
 INFERENCE_OPERATIONS = (
     Operation(
@@ -154,9 +155,11 @@ INFERENCE_OPERATIONS = (
         (
             Reply(
                 200,
-                "`N` outputs, float32 little-endian, channel-planar (`[N,3,S,S]`, values "
-                "in [0, 1]).",
-                media=(_FLOATS,),
+                "For `application/octet-stream`: `N` outputs, float32 little-endian, "
+                "channel-planar (`[N,3,S,S]`, in the model's output range). For "
+                "`application/vnd.lipstream.uint8`: `N` BGR faces, uint8 `[N,S,S,3]`, "
+                "ready to paste back. The answer has the request's content type.",
+                media=(_FLOATS, _UINT8),
                 headers=(
                     Header("X-Lipstream-Device", "The device that ran it, e.g. `cuda:0`, `cpu:1`."),
                     Header("X-Lipstream-Inference-Ms", "Queue + compute time in milliseconds."),
@@ -165,16 +168,21 @@ INFERENCE_OPERATIONS = (
                 ),
             ),
         ),
-        description="For deployments that composite elsewhere. The body is `N` visual "
-        "inputs (float32 little-endian, `[6,S,S]` each, scaled as the model expects) "
-        "followed by `N` audio windows (float32, `[32,16,16]` each for unet_328). Batches "
-        "larger than the model's are split.",
-        body_media=(_FLOATS,),
+        description="For deployments that composite elsewhere. With `Content-Type: "
+        "application/octet-stream` (the default) the body is `N` visual inputs (float32 "
+        "little-endian, `[6,S,S]` each, scaled as the model expects) followed by `N` audio "
+        "windows (float32, `[32,16,16]` each for unet_328). With `Content-Type: "
+        "application/vnd.lipstream.uint8` it is `N` BGR model regions (uint8 `[S,S,3]`, the "
+        "inner `S×S` of each crop; the server builds the masked six-channel input) followed "
+        "by the same audio windows: a quarter of the bytes. Batches larger than the "
+        "model's are split.",
+        body_media=(_FLOATS, _UINT8),
         query=InferQuery,
         errors={
             400: ("invalid_model_id", "bad_body_size", "bad_values", "bad_input"),
             404: ("model_not_found",),
             413: ("bad_body_size", "body_too_large"),
+            415: ("bad_content_type",),
             500: (*_MODEL_OPEN_500, "inference_failed"),
             503: (*_MODEL_OPEN_503, "queue_full"),
             504: ("deadline_exceeded",),

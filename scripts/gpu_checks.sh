@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU checks: the CUDA-only tests and the GPU benchmark tables, in one command.
+#
+#   bash scripts/gpu_checks.sh [OUT_DIR]
+#
+# Needs a machine with an NVIDIA GPU and onnxruntime-gpu in .venv (pip install
+# onnxruntime-gpu nvidia-ml-py, after uninstalling onnxruntime). Writes the logs and
+# benchmarks JSON to OUT_DIR (default: ./gpu-checks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-gpu-checks}"
+mkdir -p "$out"
+py=.venv/bin/python
+if ! "$py" -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())'; then
+    echo "onnxruntime in .venv has no CUDAExecutionProvider: pip uninstall onnxruntime && pip install onnxruntime-gpu" >&2
+    exit 2
+fi
+nvidia-smi -L | tee "$out/gpus.txt"
+"$py" -m pytest -q -rs tests/test_gpu.py tests/test_batch_runs.py tests/test_serving_graph.py 2>&1 | tee "$out/gpu-tests.log"
+"$py" -m benchmarks.run --only gpu core_throughput --json "$out/gpu-benchmarks.json" 2>&1 | tee "$out/gpu-benchmarks.log"
