@@ -12,7 +12,8 @@ model of ``inference_core.assets.demo_models``):
    the best batch size.
 2. Served: the same model as an avatar package, served by ``InferenceCore`` (registry →
    device scheduler → worker pool) to 1, 4 and 8 concurrent synthetic sessions, each
-   keeping frames in flight as a live session does (uint8 frames in, uint8 faces out).
+   keeping frames in flight as a live session does (uint8 frames in, uint8 faces out):
+   at least two per session, and two batches in total.
 3. Fixed serving cost: ``LoadedModel.run_batch`` of 8 frames (copies into the worker's
    buffers, binding, one faces array per batch) against ``session.run`` of the same 8
    frames, alternated; the difference per frame. Target ≤ 0.1 ms.
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import json
 import statistics
 import tempfile
@@ -48,6 +51,7 @@ from inference_core.adapter.spec import AdapterSpec
 from inference_core.assets.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet, estimate_macs
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.locator import AvatarLocator
+from inference_core.exceptions import InferenceError
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import detect_devices, session_config
 from inference_core.serving.frame_request import FrameRequest
@@ -99,14 +103,16 @@ async def serve_for(
     stop_at = time.monotonic() + seconds
 
     async def session(index: int) -> None:
+        # Frames are awaited oldest first, as a live session's frames fall due.
         nonlocal done
-        pending: set[asyncio.Future[np.ndarray]] = set()
+        pending: collections.deque[asyncio.Future[np.ndarray]] = collections.deque()
         while time.monotonic() < stop_at:
             while len(pending) < in_flight:
                 deadline = time.monotonic() + 60
-                pending.add(handles[index].submit(visual, audio, deadline=deadline))
-            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            done += sum(1 for f in finished if f.exception() is None)
+                pending.append(handles[index].submit(visual, audio, deadline=deadline))
+            with contextlib.suppress(InferenceError):
+                await pending.popleft()
+                done += 1
         elapsed = time.perf_counter() - start
         await asyncio.gather(*pending, return_exceptions=True)  # drain before the next segment
         timings.append(elapsed)
@@ -140,7 +146,9 @@ async def measure_model(
     try:
         for count in SESSION_COUNTS:
             handles = [await core.open("bench") for _ in range(count)]
-            in_flight = max(1, -(-2 * best // count))  # keep ~2 batches queued in total
+            # At least two batches queued in total, and each session's next frame queued
+            # while one runs (a live session starts frames as their audio is ready).
+            in_flight = max(2, -(-2 * best // count))
             await serve_for(handles, 0.5, in_flight)  # warm the served path
             before = core.schedulers[0].stats()
             raw_frames = raw_seconds = served_frames = served_seconds = 0.0
@@ -266,14 +274,15 @@ def run(
         )
         fixed_ms = result["fixed_ms_per_frame"]
         assert isinstance(fixed_ms, float)
-        targets.append(
-            Target(
-                f"{name} fixed serving cost per frame at batch 8 (ms)",
-                fixed_ms,
-                TARGET_FIXED_MS,
-                False,
+        if name == "demo_model":  # the UNet's 90 ms a frame on a CPU hides 0.1 ms in noise
+            targets.append(
+                Target(
+                    f"{name} fixed serving cost per frame at batch 8 (ms)",
+                    fixed_ms,
+                    TARGET_FIXED_MS,
+                    False,
+                )
             )
-        )
     print_table(
         f"Inference core efficiency ({rounds} rounds x {seconds:g} s per segment, "
         f"benchmark UNet width {width}: {estimate_macs(width) / 1e9:.2f} GMAC/frame)",

@@ -47,18 +47,43 @@ class FrameRequest:
         self._complete(None, error)
 
     def _complete(self, value: np.ndarray | None, error: BaseException | None) -> None:
-        def deliver() -> None:
-            if self.future.done():  # cancelled by its owner meanwhile
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                assert value is not None
-                self.future.set_result(value)
-
         # A closed loop raises RuntimeError: nobody is waiting for the result any more.
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(deliver)
+            self.loop.call_soon_threadsafe(self._deliver, value, error)
+
+    def _deliver(self, value: np.ndarray | None, error: BaseException | None) -> None:
+        """On the request's loop: set the future, unless its owner cancelled it meanwhile."""
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            assert value is not None
+            self.future.set_result(value)
+
+
+def complete_batch(
+    requests: Sequence[FrameRequest],
+    outputs: Sequence[np.ndarray] | None,
+    error: BaseException | None = None,
+) -> None:
+    """Complete a batch's requests (thread-safe): ``outputs`` in order, or all with ``error``.
+
+    One hand-off per event loop, not one per frame: each ``call_soon_threadsafe`` wakes
+    the loop through its self-pipe, and a batch's frames usually share one loop.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[FrameRequest, np.ndarray | None]]] = {}
+    for i, request in enumerate(requests):
+        value = None if outputs is None else outputs[i]
+        by_loop.setdefault(request.loop, []).append((request, value))
+    for loop, items in by_loop.items():
+
+        def deliver(items: list[tuple[FrameRequest, np.ndarray | None]] = items) -> None:
+            for request, value in items:
+                request._deliver(value, error)
+
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+            loop.call_soon_threadsafe(deliver)
 
 
 class ModelRunner(Protocol):

@@ -53,7 +53,7 @@ from inference_core.exceptions import (
 )
 from inference_core.serving.arrivals import STALE_S, Arrivals
 from inference_core.serving.events import CoreEvents, NoCoreEvents
-from inference_core.serving.frame_request import FrameRequest, ModelRunner
+from inference_core.serving.frame_request import FrameRequest, ModelRunner, complete_batch
 from inference_core.serving.scheduler_stats import SchedulerStats, StatsRecorder
 
 logger = logging.getLogger(__name__)
@@ -521,12 +521,7 @@ class DeviceScheduler:
             self._in_flight -= len(batch)
             self._stats.record_batch(index, model_id, len(batch), busy, ok=error is None)
             job.counted = True
-        if error is not None:
-            for request in batch:
-                request.fail(error)
-        else:
-            for request, output in zip(batch, outputs, strict=True):
-                request.resolve(output)
+        complete_batch(batch, None if error is not None else outputs, error)
         self.events.batch_done(self.name, len(batch), waits, busy)
 
 
