@@ -10,7 +10,7 @@ import pytest
 from inference_core.adapter.lipsync import FaceInputBuilder, LipSyncAdapter
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.exceptions import ModelInputError, ModelLoadError
-from tests.onnx_builders import tiny_lipsync
+from tests.onnx_builders import WAV2LIP_96, tiny_lipsync
 
 SPEC = AdapterSpec()
 
@@ -119,17 +119,7 @@ def test_visual_input_reference_and_mask() -> None:
 
 
 def test_visual_input_follows_channel_and_colour_order() -> None:
-    spec = AdapterSpec(
-        name="wav2lip_96",
-        input_size=96,
-        crop_size=96,
-        crop_border=0,
-        mask_rect=(0, 48, 96, 48),
-        color_order="rgb",
-        channel_order="masked_first",
-        audio_feature="mel",
-        audio_shape=(1, 80, 16),
-    )
+    spec = WAV2LIP_96
     rng = np.random.default_rng(4)
     crop = rng.integers(1, 256, (96, 96, 3), dtype=np.uint8)
     visual = FaceInputBuilder(spec).visual_input(crop)

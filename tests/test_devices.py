@@ -18,6 +18,7 @@ from inference_core.serving.devices import (
     CUDA_PROVIDER,
     Device,
     SystemMemoryProbe,
+    check_gpu_options,
     detect_devices,
     session_config,
 )
@@ -104,6 +105,27 @@ def test_session_config_for_cuda() -> None:
     ]
     entry = "session.use_device_allocator_for_initializers"
     assert options.get_session_config_entry(entry) == "1"
+
+
+def test_tensorrt_goes_first_with_its_caches_or_is_refused_by_name(tmp_path: Path) -> None:
+    cache = tmp_path / "trt"
+    settings = _settings(tensorrt=True, precision="fp16", tensorrt_cache_dir=str(cache))
+    providers, _ = session_config(Device(0, "cuda", ordinal=0), settings)
+    name, options = providers[0]  # type: ignore[misc]
+    assert name == "TensorrtExecutionProvider"
+    assert options["trt_engine_cache_path"] == str(cache)
+    assert options["trt_timing_cache_path"] == str(cache)
+    assert options["trt_fp16_enable"] == "True"
+    assert [p[0] if isinstance(p, tuple) else p for p in providers[1:]] == [
+        CUDA_PROVIDER,
+        CPU_PROVIDER,
+    ]
+    # A CPU device ignores it; a CUDA device without TensorRT is refused at start-up.
+    assert session_config(Device(0), settings)[0] == [CPU_PROVIDER]
+    check_gpu_options(settings, [Device(0)])
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(InferenceError, match=r"devices\.tensorrt is on .* or set"):
+            check_gpu_options(settings, [Device(0, "cuda", ordinal=0)])
 
 
 def test_session_config_for_cpu() -> None:

@@ -29,22 +29,10 @@ from inference_core.adapter.serving_graph import (
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.assets.demo_models import build_lipsync_model
 from inference_core.exceptions import ModelLoadError
-from tests.onnx_builders import tiny_lipsync
+from tests.onnx_builders import WAV2LIP_96, tiny_lipsync
 
 UNET = AdapterSpec()
-WAV2LIP = AdapterSpec(
-    name="wav2lip_96",
-    input_size=96,
-    crop_size=96,
-    crop_border=0,
-    mask_rect=(0, 48, 96, 48),
-    color_order="rgb",
-    channel_order="masked_first",
-    pixel_scale="minus_one_one",
-    output_scale="minus_one_one",
-    audio_feature="mel",
-    audio_shape=(1, 80, 16),
-)
+WAV2LIP = WAV2LIP_96
 
 
 def _crops(spec: AdapterSpec, n: int, seed: int) -> np.ndarray:

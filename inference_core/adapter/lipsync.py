@@ -159,7 +159,7 @@ class LipSyncAdapter:
         for start in range(0, n, self.max_batch_size):
             stop = min(n, start + self.max_batch_size)
             feeds = {
-                CROPS: crops[start:stop],
+                CROPS: np.ascontiguousarray(crops[start:stop]),
                 SCALED: self._no_scaled,
                 AUDIO: np.ascontiguousarray(audio[start:stop], dtype=np.float32),
             }

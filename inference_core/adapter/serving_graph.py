@@ -218,6 +218,17 @@ def _ints(name: str, values: Sequence[int]) -> onnx.NodeProto:
     return _const(name, np.asarray(values, dtype=np.int64))
 
 
+def _plus(nodes: list[onnx.NodeProto], source: str, offset: float, name: str) -> str:
+    """Append ``name = source + offset`` (float32) to ``nodes`` unless ``offset`` is 0."""
+    if not offset:
+        return source
+    nodes += [
+        _const(f"{name}_value", np.asarray(offset, dtype=np.float32)),
+        helper.make_node("Add", [source, f"{name}_value"], [name], name=name),
+    ]
+    return name
+
+
 def _cast_or_identity(source: str, target: str, elem_type: int) -> list[onnx.NodeProto]:
     """``target`` = ``source`` as ``elem_type`` (Identity when it already is float32)."""
     if elem_type == TensorProto.FLOAT:
@@ -276,15 +287,7 @@ def _input_nodes(spec: AdapterSpec, visual_name: str, elem_type: int) -> list[on
             name=f"{p}scale_in",
         ),
     ]
-    visual = f"{p}six_f"
-    if offset:
-        nodes += [
-            _const(f"{p}in_offset", np.asarray(offset, dtype=np.float32)),
-            helper.make_node(
-                "Add", [visual, f"{p}in_offset"], [f"{p}six_off"], name=f"{p}offset_in"
-            ),
-        ]
-        visual = f"{p}six_off"
+    visual = _plus(nodes, f"{p}six_f", offset, f"{p}in_offset")
     nodes += [
         helper.make_node("Concat", [visual, SCALED], [f"{p}visual"], axis=0, name=f"{p}batch"),
         *_cast_or_identity(f"{p}visual", visual_name, elem_type),
@@ -379,15 +382,7 @@ def _output_nodes(spec: AdapterSpec, output_name: str, elem_type: int) -> list[o
         _const(f"{p}out_scale", np.asarray(multiplier, dtype=np.float32)),
         helper.make_node("Mul", [RAW, f"{p}out_scale"], [f"{p}out_f"], name=f"{p}scale_out"),
     ]
-    scaled = f"{p}out_f"
-    if offset:
-        nodes += [
-            _const(f"{p}out_offset", np.asarray(offset, dtype=np.float32)),
-            helper.make_node(
-                "Add", [scaled, f"{p}out_offset"], [f"{p}out_shifted"], name=f"{p}offset_out"
-            ),
-        ]
-        scaled = f"{p}out_shifted"
+    scaled = _plus(nodes, f"{p}out_f", offset, f"{p}out_offset")
     nodes += [
         # Scale 1: round half to even and saturate, nothing else.
         _const(f"{p}out_step", np.asarray(1.0, dtype=np.float32)),
