@@ -33,6 +33,7 @@ ALLOWED_SUBPACKAGE_IMPORTS = {
     "inference_core.avatars": {"inference_core.adapter"},
     "inference_core.features": {"inference_core.adapter"},
     "inference_core.serving": {"inference_core.adapter", "inference_core.avatars"},
+    "inference_core.importers": {"inference_core.adapter", "inference_core.avatars"},
     "inference_core.assets": {
         "inference_core.adapter",
         "inference_core.avatars",

@@ -4,6 +4,8 @@
     lipstream render --avatar demo --audio speech.wav --out out.mp4
     lipstream avatar validate DIR
     lipstream avatar list | lipstream avatar demo
+    lipstream avatar import synctalk2d DIR --lipsync M.onnx --audio-encoder E.onnx [--id ID]
+    lipstream avatar import livetalking DIR --kind wav2lip --lipsync M.onnx [--id ID]
     lipstream model bench-unet --out unet.onnx [--width W]
     lipstream token mint --avatar ID [--ttl SECONDS]
     lipstream config check [--config FILE]
@@ -28,6 +30,7 @@ from inference_core.assets.benchmark_model import build_benchmark_unet, estimate
 from inference_core.assets.builtin import avatar_locator
 from inference_core.avatars.package import check_avatar_id
 from inference_core.avatars.validation import validate_package
+from inference_core.importers import livetalking, synctalk2d, ultralight, write_package
 from streaming.offline.render import RenderOptions, render_file
 from web.app import serve
 from web.cluster.ray_check import ray_missing
@@ -77,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("directory", type=Path)
     avatar_sub.add_parser("list", help="list the avatar ids under the avatar root")
     avatar_sub.add_parser("demo", help="generate the built-in demo avatar; print its path")
+    _import_parser(avatar_sub.add_parser("import", help="import an avatar from another project"))
 
     model = sub.add_parser("model", help="model tools")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -95,6 +99,31 @@ def _parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     config_sub.add_parser("check", help="validate the settings and print the effective values")
     return parser
+
+
+def _import_parser(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="source", required=True)
+    synctalk = kinds.add_parser(
+        "synctalk2d", help="a SyncTalk_2D dataset folder (full_body_img/, landmarks/)"
+    )
+    synctalk.add_argument("directory", type=Path, help="dataset/<name>")
+    synctalk.add_argument("--lipsync", type=Path, required=True, help="its unet_328 ONNX export")
+    synctalk.add_argument(
+        "--audio-encoder", type=Path, required=True, help="its audio encoder ONNX (ave, 512-d)"
+    )
+    live = kinds.add_parser("livetalking", help="a LiveTalking avatar (full_imgs/, coords.pkl)")
+    live.add_argument("directory", type=Path, help="data/avatars/<id>")
+    live.add_argument("--kind", choices=("wav2lip", "ultralight"), required=True)
+    live.add_argument("--lipsync", type=Path, required=True, help="the Wav2Lip 96 ONNX model")
+    ultra = kinds.add_parser("ultralight", help="an Ultralight-Digital-Human folder")
+    ultra.add_argument("directory", type=Path)
+    for sub in (synctalk, live, ultra):
+        sub.add_argument("--id", help="avatar id (default: the folder's name)")
+        sub.add_argument(
+            "--link", action="store_true", help="hard-link frames and models instead of copying"
+        )
+        sub.add_argument("--replace", action="store_true", help="overwrite an existing avatar")
+        sub.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,6 +161,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "render":
         return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
+    if args.command == "avatar" and args.avatar_command == "import":
+        return _import(settings, args)
     if args.command == "avatar":
         return _avatar(settings, args.avatar_command, getattr(args, "directory", None))
     if args.command == "token":
@@ -171,6 +202,48 @@ def _avatar(settings: Settings, command: str, directory: Path | None) -> int:
             print(avatar_id)
         return 0
     print(locator.locate("demo"))
+    return 0
+
+
+def _import(settings: Settings, args: argparse.Namespace) -> int:
+    directory: Path = args.directory
+    if not directory.is_dir():
+        print(f"lipstream: {directory} is not a directory", file=sys.stderr)
+        return 2
+    with tqdm(
+        total=1,
+        unit="frame",
+        disable=args.no_progress or not sys.stderr.isatty(),
+        file=sys.stderr,
+    ) as bar:
+
+        def report(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        if args.source == "synctalk2d":
+            source = synctalk2d(directory, args.lipsync, args.audio_encoder, progress=report)
+        elif args.source == "livetalking":
+            source = livetalking(directory, args.kind, args.lipsync)
+        else:
+            source = ultralight(directory)
+        bar.reset()
+        result = write_package(
+            source,
+            settings.avatars.root,
+            args.id or directory.name,
+            link=args.link,
+            replace=args.replace,
+            progress=report,
+        )
+    w, h = result.frame_size
+    print(f"imported {result.avatar_id} from {source.kind}: {result.path}")
+    print(
+        f"  {result.frames} frames, {w}x{h}, model {result.model_io}, adapter {source.adapter.name}"
+    )
+    for note in result.notes:
+        print(f"  note: {note}")
+    print(f"  validated: ok; try it: lipstream render --avatar {result.avatar_id} --out test.mp4")
     return 0
 
 
