@@ -16,6 +16,7 @@ import shutil
 import wave
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -270,3 +271,28 @@ async def test_a_live_call_lip_syncs_on_an_imported_avatar(
             assert state["frames_inferred"] > 0
         finally:
             await caller.hang_up()
+
+
+def test_preview_draws_each_frames_crop_rect(
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = synctalk_folder(demo, tmp_path / "may")
+    source = synctalk2d(folder, folder / "unet_328.onnx", folder / "audio_encoder.onnx")
+    root = tmp_path / "avatars"
+    report = write_package(source, root, "may")
+    config = tmp_path / "lipstream.yaml"
+    config.write_text(f"avatars:\n  root: {root}\n  demo: false\n")
+    out = tmp_path / "preview.mp4"
+    wav = _speech_wav(tmp_path / "a.wav", seconds=3.0)
+    argv = ["--config", str(config), "avatar", "preview", "may", "--audio", str(wav)]
+    assert main([*argv, "--out", str(out), "--seconds", "1"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with av.open(str(out)) as container:
+        frames = [f.to_ndarray(format="gray") for f in container.decode(video=0)]
+    assert len(frames) == 25  # 1 s of the 3 s audio
+    rects = json.loads((report.path / "rects.json").read_text())
+    x1, y1, x2, _ = rects[0]
+    top_edge = frames[0][y1, x1 + 10 : x2 - 10]
+    inside = frames[0][y1 + 10, x1 + 10 : x2 - 10]
+    assert top_edge.mean() > 230  # the white outline
+    assert inside.mean() < 200  # not the face

@@ -8,6 +8,7 @@ it is as long as the audio to within one frame.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -25,7 +26,7 @@ from inference_core.adapter.lipsync import LipSyncAdapter
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import FrameAudio, lookahead_ms, offline_features
-from streaming.audio_in.decode import DecodedAudio, decode_audio
+from streaming.audio_in.decode import FEATURE_RATE, DecodedAudio, decode_audio
 from streaming.frame_pipeline import FramePipeline
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class RenderOptions:
     crf: int = 20
     cache_bytes: int = 256 * 1024 * 1024
     providers: Sequence[str] = ("CPUExecutionProvider",)
+    max_seconds: float | None = None  # render only the audio's first seconds
+    draw_rects: bool = False  # outline each frame's crop rect (a preview of the crops)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ def render_file(
     spec = package.manifest.adapter
     fps = package.manifest.fps
     audio = decode_audio(audio_path)
+    if options.max_seconds is not None:
+        audio = _first_seconds(audio, options.max_seconds)
     adapter = LipSyncAdapter.from_path(
         package.lipsync_path,
         spec,
@@ -126,7 +131,9 @@ def render_file(
             sound = container.add_stream("aac", rate=audio.out_rate, layout=audio.layout)
             for start in range(0, len(features), options.max_batch_size):
                 chunk = features[start : start + options.max_batch_size]
-                inferred += _render_chunk(chunk, sequencer, pipeline, adapter, container, video)
+                inferred += _render_chunk(
+                    chunk, sequencer, pipeline, adapter, container, video, options.draw_rects
+                )
                 if progress is not None:
                     progress(start + len(chunk), len(features))
             container.mux(video.encode(None))
@@ -155,6 +162,7 @@ def _render_chunk(
     adapter: LipSyncAdapter,
     container: av.container.OutputContainer,
     video: av.VideoStream,
+    draw_rects: bool = False,
 ) -> int:
     """Sequence, infer (one batch), compose and encode a run of frames; return # inferred."""
     prepared = [pipeline.prepare(sequencer.step(f.level_db)) for f in chunk]
@@ -165,11 +173,34 @@ def _render_chunk(
         audio = np.stack([chunk[i].features for i in todo])
         faces = dict(zip(todo, adapter.run(visual, audio), strict=True))
     for i, (item, feat) in enumerate(zip(prepared, chunk, strict=True)):
-        frame = av.VideoFrame.from_ndarray(pipeline.compose(item, faces.get(i)), format="yuv420p")
+        composed = pipeline.compose(item, faces.get(i))
+        if draw_rects:
+            composed = outline(composed, item.rect)
+        frame = av.VideoFrame.from_ndarray(composed, format="yuv420p")
         frame.pts = feat.index
         frame.time_base = Fraction(1, pipeline.package.manifest.fps)
         container.mux(video.encode(frame))
     return len(todo)
+
+
+def outline(frame: np.ndarray, rect: tuple[int, int, int, int], width: int = 2) -> np.ndarray:
+    """A copy of a yuv420p frame with ``rect`` outlined in white on its luma plane."""
+    out = frame.copy()
+    x1, y1, x2, y2 = rect
+    luma = out[: out.shape[0] * 2 // 3]
+    luma[y1 : y1 + width, x1:x2] = 255
+    luma[max(y2 - width, y1) : y2, x1:x2] = 255
+    luma[y1:y2, x1 : x1 + width] = 255
+    luma[y1:y2, max(x2 - width, x1) : x2] = 255
+    return out
+
+
+def _first_seconds(audio: DecodedAudio, seconds: float) -> DecodedAudio:
+    keep_16k = max(1, int(seconds * FEATURE_RATE))
+    keep_out = max(1, int(seconds * audio.out_rate))
+    return dataclasses.replace(
+        audio, pcm_16k=audio.pcm_16k[:keep_16k], pcm_out=audio.pcm_out[:, :keep_out]
+    )
 
 
 def _write_audio(

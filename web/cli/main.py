@@ -6,6 +6,7 @@
     lipstream avatar list | lipstream avatar demo
     lipstream avatar import synctalk2d DIR --lipsync M.onnx --audio-encoder E.onnx [--id ID]
     lipstream avatar import livetalking DIR --kind wav2lip --lipsync M.onnx [--id ID]
+    lipstream avatar preview ID [--audio FILE] --out preview.mp4 [--seconds S]
     lipstream model bench-unet --out unet.onnx [--width W]
     lipstream token mint --avatar ID [--ttl SECONDS]
     lipstream config check [--config FILE]
@@ -81,6 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     avatar_sub.add_parser("list", help="list the avatar ids under the avatar root")
     avatar_sub.add_parser("demo", help="generate the built-in demo avatar; print its path")
     _import_parser(avatar_sub.add_parser("import", help="import an avatar from another project"))
+    preview = avatar_sub.add_parser(
+        "preview", help="a short render with each frame's crop rect drawn, to check the crops"
+    )
+    preview.add_argument("avatar", help="avatar id")
+    preview.add_argument(
+        "--audio", type=Path, default=SAMPLE_AUDIO, help="audio file (default: sample)"
+    )
+    preview.add_argument("--out", type=Path, required=True, help="output .mp4 path")
+    preview.add_argument("--seconds", type=float, default=5.0, help="length (default 5 s)")
 
     model = sub.add_parser("model", help="model tools")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -161,6 +171,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "render":
         return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
+    if args.command == "avatar" and args.avatar_command == "preview":
+        return _render(
+            settings, args.avatar, args.audio, args.out, progress=True, preview_s=args.seconds
+        )
     if args.command == "avatar" and args.avatar_command == "import":
         return _import(settings, args)
     if args.command == "avatar":
@@ -247,7 +261,15 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(settings: Settings, avatar_id: str, audio: Path, out: Path, *, progress: bool) -> int:
+def _render(
+    settings: Settings,
+    avatar_id: str,
+    audio: Path,
+    out: Path,
+    *,
+    progress: bool,
+    preview_s: float | None = None,
+) -> int:
     a = settings.avatars
     package = avatar_locator(a).load(avatar_id)
     options = RenderOptions(
@@ -258,6 +280,8 @@ def _render(settings: Settings, avatar_id: str, audio: Path, out: Path, *, progr
         max_batch_size=settings.batching.max_batch_size,
         preset=settings.video.preset,
         cache_bytes=settings.cache.background_cache_bytes,
+        max_seconds=preview_s,
+        draw_rects=preview_s is not None,
     )
     with tqdm(
         total=1, unit="frame", disable=not progress or not sys.stderr.isatty(), file=sys.stderr
