@@ -7,6 +7,8 @@
     lipstream avatar import synctalk2d DIR --lipsync M.onnx --audio-encoder E.onnx [--id ID]
     lipstream avatar import livetalking DIR --kind wav2lip --lipsync M.onnx [--id ID]
     lipstream avatar preview ID [--audio FILE] --out preview.mp4 [--seconds S]
+    lipstream avatar build --video V.mp4 (--face-detector D.onnx | --rects R.json)
+        --lipsync M.onnx --audio-encoder E.onnx --id ID   (or --prepare-synctalk OUT/)
     lipstream model bench-unet --out unet.onnx [--width W]
     lipstream token mint --avatar ID [--ttl SECONDS]
     lipstream config check [--config FILE]
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +34,15 @@ from inference_core.assets.benchmark_model import build_benchmark_unet, estimate
 from inference_core.assets.builtin import avatar_locator
 from inference_core.avatars.package import check_avatar_id
 from inference_core.avatars.validation import validate_package
-from inference_core.importers import livetalking, synctalk2d, ultralight, write_package
+from inference_core.importers import (
+    AvatarSource,
+    ImportReport,
+    livetalking,
+    synctalk2d,
+    ultralight,
+    write_package,
+)
+from inference_core.importers.build import build_from_video, prepare_synctalk
 from streaming.offline.render import RenderOptions, render_file
 from web.app import serve
 from web.cluster.ray_check import ray_missing
@@ -82,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     avatar_sub.add_parser("list", help="list the avatar ids under the avatar root")
     avatar_sub.add_parser("demo", help="generate the built-in demo avatar; print its path")
     _import_parser(avatar_sub.add_parser("import", help="import an avatar from another project"))
+    _build_parser(avatar_sub.add_parser("build", help="build an avatar from a video of a person"))
     preview = avatar_sub.add_parser(
         "preview", help="a short render with each frame's crop rect drawn, to check the crops"
     )
@@ -136,6 +148,28 @@ def _import_parser(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _build_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--video", type=Path, required=True, help="a video of the person")
+    parser.add_argument("--face-detector", type=Path, help="an SCRFD-style ONNX face detector")
+    parser.add_argument("--rects", type=Path, help="JSON: one [x1, y1, x2, y2] face box per frame")
+    parser.add_argument("--lipsync", type=Path, help="the person's lip-sync ONNX (unet_328 I/O)")
+    parser.add_argument("--audio-encoder", type=Path, help="its audio encoder ONNX")
+    parser.add_argument("--id", help="avatar id (default: the video's file name)")
+    parser.add_argument("--fps", type=int, default=25, help="avatar frame rate (default 25)")
+    parser.add_argument("--jpeg-quality", type=int, default=95, help="frames' JPEG quality")
+    parser.add_argument(
+        "--min-seconds", type=float, default=4.0, help="shortest segment kept (default 4 s)"
+    )
+    parser.add_argument(
+        "--prepare-synctalk",
+        type=Path,
+        metavar="OUT",
+        help="write OUT/<id>.mp4 (25 fps) and OUT/aud.wav (16 kHz) for SyncTalk_2D training",
+    )
+    parser.add_argument("--replace", action="store_true", help="overwrite an existing avatar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lipstream`` console script."""
     args = _parser().parse_args(argv)
@@ -177,6 +211,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.command == "avatar" and args.avatar_command == "import":
         return _import(settings, args)
+    if args.command == "avatar" and args.avatar_command == "build":
+        return _build(settings, args)
     if args.command == "avatar":
         return _avatar(settings, args.avatar_command, getattr(args, "directory", None))
     if args.command == "token":
@@ -250,6 +286,43 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
             replace=args.replace,
             progress=report,
         )
+    _print_report(result, source)
+    return 0
+
+
+def _build(settings: Settings, args: argparse.Namespace) -> int:
+    avatar_id = args.id or check_avatar_id(args.video.stem.lower())
+    if args.prepare_synctalk is not None:
+        for path in prepare_synctalk(args.video, args.prepare_synctalk, avatar_id, fps=args.fps):
+            print(f"wrote {path}")
+        print(f"  next: train SyncTalk_2D on {args.prepare_synctalk}, then lipstream avatar import")
+        return 0
+    if args.lipsync is None:
+        print("lipstream: avatar build needs --lipsync (or --prepare-synctalk)", file=sys.stderr)
+        return 2
+    work = settings.avatars.root / f".build-{avatar_id}"
+    try:
+        source = build_from_video(
+            args.video,
+            args.lipsync,
+            args.audio_encoder,
+            work,
+            detector=args.face_detector,
+            rects_file=args.rects,
+            fps=args.fps,
+            jpeg_quality=args.jpeg_quality,
+            min_seconds=args.min_seconds,
+        )
+        result = write_package(
+            source, settings.avatars.root, avatar_id, link=True, replace=args.replace
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _print_report(result, source)
+    return 0
+
+
+def _print_report(result: ImportReport, source: AvatarSource) -> None:
     w, h = result.frame_size
     print(f"imported {result.avatar_id} from {source.kind}: {result.path}")
     print(
@@ -257,8 +330,7 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         print(f"  note: {note}")
-    print(f"  validated: ok; try it: lipstream render --avatar {result.avatar_id} --out test.mp4")
-    return 0
+    print(f"  validated: ok; look at it: lipstream avatar preview {result.avatar_id} --out p.mp4")
 
 
 def _render(
