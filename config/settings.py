@@ -250,6 +250,8 @@ class AvatarsSettings(_Section):
     root: UserPath = Path("./avatars")
     data_dir: UserPath = Field(default_factory=lambda: default_data_dir(os.environ))
     demo: bool = True
+    # The only directory POST /admin/avatars/import may read; null turns that route off.
+    import_root: UserPath | None = None
 
 
 class AudioSettings(_Section):

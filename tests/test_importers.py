@@ -296,3 +296,54 @@ def test_preview_draws_each_frames_crop_rect(
     inside = frames[0][y1 + 10, x1 + 10 : x2 - 10]
     assert top_edge.mean() > 230  # the white outline
     assert inside.mean() < 200  # not the face
+
+
+async def test_the_admin_api_imports_into_a_running_server(demo: Path, tmp_path: Path) -> None:
+    incoming = tmp_path / "incoming"
+    synctalk_folder(demo, incoming / "may")
+    (tmp_path / "secret.onnx").write_bytes(b"outside the import root")
+    root = tmp_path / "avatars"
+    settings = Settings.model_validate(
+        {
+            "avatars": {
+                "root": str(root),
+                "data_dir": str(tmp_path / "data"),
+                "demo": False,
+                "import_root": str(incoming),
+            }
+        }
+    )
+    wanted = {
+        "source": "synctalk2d",
+        "directory": "may",
+        "lipsync": "may/unet_328.onnx",
+        "audio_encoder": "may/audio_encoder.onnx",
+        "id": "may",
+    }
+    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:
+        escape = await client.post(
+            "/admin/avatars/import", json={**wanted, "lipsync": "../secret.onnx"}
+        )
+        assert escape.status == 400
+        assert (await escape.json())["error"]["code"] == "bad_path"
+        broken = await client.post(
+            "/admin/avatars/import", json={**wanted, "audio_encoder": "may/unet_328.onnx"}
+        )
+        assert broken.status == 422
+        assert (await broken.json())["error"]["code"] == "import_failed"
+        assert not root.exists() or _leftovers(root) == []
+        response = await client.post("/admin/avatars/import", json=wanted)
+        assert response.status == 201, await response.text()
+        imported = await response.json()
+        assert (imported["id"], imported["frames"], imported["dynamic_batch"]) == ("may", 6, False)
+        assert imported["frame_size"] == [1280, 720]
+        models = await (await client.get("/admin/models")).json()
+        assert "may" in [m["id"] for m in models["models"]]
+        loaded = await client.post("/admin/models/may/load")
+        assert loaded.status == 200, await loaded.text()
+        again = await client.post("/admin/avatars/import", json=wanted)
+        assert again.status == 409
+        assert (await again.json())["error"]["code"] == "avatar_exists"
+        busy = await client.post("/admin/avatars/import", json={**wanted, "replace": True})
+        assert busy.status == 409
+        assert (await busy.json())["error"]["code"] == "model_in_use"

@@ -480,6 +480,10 @@ async def test_admin_routes_answer_as_documented(check: Conformance) -> None:
     assert unloaded.json()["state"] == "registered"
     await check("POST", unload, 404, path="/admin/models/nobody/unload")
     await check("POST", unload, 400, path="/admin/models/Bad.Id/unload")
+    wanted = {"source": "synctalk2d", "directory": "may", "lipsync": "m.onnx", "id": "may"}
+    check.request_schema_accepts("/admin/avatars/import", "post", wanted)
+    disabled = await check("POST", "/admin/avatars/import", 403, json=wanted)  # no import_root
+    assert disabled.json()["error"]["code"] == "import_disabled"
     # From loopback, but through a proxy: refused without a token.
     proxied = {"X-Forwarded-For": "203.0.113.9"}
     await check("GET", "/admin/stats", 403, headers=proxied)

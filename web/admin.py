@@ -4,6 +4,7 @@
     GET    /admin/models                  {"models": [Model...]}
     POST   /admin/models/{id}/load        {"device"?: index} → Model (waits for the load)
     POST   /admin/models/{id}/unload      → Model
+    POST   /admin/avatars/import          AvatarImportRequest → 201 ImportedAvatar
     GET    /admin/stats                   {"models", "devices", "cache", "global"}
     GET    /admin/sessions                {"sessions": [SessionInfo...]}
     DELETE /admin/sessions/{id}           {"session_id", "state": "closed"}
@@ -17,6 +18,7 @@ answers 504 and keeps loading in the background. :func:`add_admin_routes` also a
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import time
 from collections.abc import AsyncIterator
@@ -26,19 +28,29 @@ from typing import cast
 
 from aiohttp import web
 
-from inference_core.exceptions import LoadTimeoutError
+from inference_core.avatars.package import is_inside
+from inference_core.exceptions import LoadTimeoutError, ModelInUseError
+from inference_core.importers import (
+    ImportFailedError,
+    ImportReport,
+    livetalking,
+    synctalk2d,
+    write_package,
+)
 from inference_core.serving.snapshot import DeviceSnapshot, ModelSnapshot
 from web.admin_auth import admin_only
-from web.app_keys import CORE, DRAINING, SESSIONS, STARTED_AT, DrainState
+from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS, STARTED_AT, DrainState
 from web.errors import RequestError
 from web.health import health, ready
 from web.request_body import parse_body, read_limited
 from web.schemas import (
+    AvatarImportRequest,
     Cache,
     Device,
     DeviceKind,
     Global,
     HungUp,
+    ImportedAvatar,
     LoadRequest,
     Model,
     Models,
@@ -50,6 +62,8 @@ from web.schemas import (
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_LOAD_BODY = 1024
+MAX_IMPORT_BODY = 4096
+IMPORT_LOCK = web.AppKey("import_lock", asyncio.Lock)
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -120,6 +134,70 @@ async def unload_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     await request.app[CORE].unload(model_id)
     return await _model_entry(request, model_id)
+
+
+async def import_avatar(request: web.Request) -> web.Response:
+    """Import a folder from ``avatars.import_root`` as a new avatar and register it.
+
+    The import runs in a thread (it copies frames and validates models) and one at a
+    time; a replaced avatar must not be loaded (409 until it is unloaded).
+    """
+    settings = request.app[SETTINGS]
+    root = settings.avatars.import_root
+    if root is None:
+        raise RequestError(
+            403,
+            "import_disabled",
+            "avatars.import_root is not set: set it to the directory imports may read from, "
+            "or use `lipstream avatar import` on the server",
+        )
+    body = await read_limited(request, MAX_IMPORT_BODY, "an import request")
+    wanted = parse_body(AvatarImportRequest, body)
+    core = request.app[CORE]
+    avatars = settings.avatars.root
+    if (avatars / wanted.id).exists() and not wanted.replace:
+        raise RequestError(
+            409, "avatar_exists", f"avatar {wanted.id!r} exists; send replace: true to overwrite"
+        )
+    if wanted.replace and core.is_loaded(wanted.id):
+        raise ModelInUseError(f"avatar {wanted.id!r} is loaded; unload it before replacing it")
+    directory = _under(root, wanted.directory, "directory")
+    lipsync = _under(root, wanted.lipsync, "lipsync")
+    encoder = (
+        None
+        if wanted.audio_encoder is None
+        else _under(root, wanted.audio_encoder, "audio_encoder")
+    )
+
+    def run() -> ImportReport:
+        if wanted.source == "synctalk2d":
+            if encoder is None:
+                raise ImportFailedError("a SyncTalk_2D import needs audio_encoder")
+            source = synctalk2d(directory, lipsync, encoder)
+        else:
+            source = livetalking(directory, wanted.kind, lipsync, encoder)
+        return write_package(source, avatars, wanted.id, link=wanted.link, replace=wanted.replace)
+
+    async with request.app[IMPORT_LOCK]:
+        report = await asyncio.to_thread(run)
+    core.register(report.avatar_id)
+    imported = ImportedAvatar(
+        id=report.avatar_id,
+        source=wanted.source,
+        frames=report.frames,
+        frame_size=report.frame_size,
+        model_io=report.model_io,
+        dynamic_batch=report.dynamic_batch,
+        notes=report.notes,
+    )
+    return web.json_response(imported.dump(), status=201)
+
+
+def _under(root: Path, relative: str, field: str) -> Path:
+    path = root / relative
+    if Path(relative).is_absolute() or not is_inside(path, root):
+        raise RequestError(400, "bad_path", f"{field} {relative!r} leaves avatars.import_root")
+    return path
 
 
 def _merge(counts: dict[str, int], reason: str, count: int) -> None:
@@ -240,6 +318,7 @@ def add_admin_routes(app: web.Application) -> None:
 
     async def admin_state(app: web.Application) -> AsyncIterator[None]:
         app[STARTED_AT] = time.monotonic()
+        app[IMPORT_LOCK] = asyncio.Lock()  # one import at a time
         yield
 
     app.cleanup_ctx.append(admin_state)
@@ -250,6 +329,7 @@ def add_admin_routes(app: web.Application) -> None:
     router.add_get("/admin/models", admin_only(list_models))
     router.add_post("/admin/models/{model_id}/load", admin_only(load_model))
     router.add_post("/admin/models/{model_id}/unload", admin_only(unload_model))
+    router.add_post("/admin/avatars/import", admin_only(import_avatar))
     router.add_get("/admin/stats", admin_only(stats))
     router.add_get("/admin/sessions", admin_only(list_sessions))
     router.add_delete("/admin/sessions/{session_id}", admin_only(hang_up))

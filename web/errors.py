@@ -32,6 +32,7 @@ from inference_core.exceptions import (
     QueueFullError,
     ShuttingDownError,
 )
+from inference_core.importers import ImportFailedError
 from streaming.audio_in.exceptions import (
     AudioInputError,
     AudioQueueFullError,
@@ -86,6 +87,7 @@ _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (QueueFullError, 503, "queue_full", 1),
     (DeadlineExceededError, 504, "deadline_exceeded", None),
     (ShuttingDownError, 503, "shutting_down", 5),
+    (ImportFailedError, 422, "import_failed", None),
     (InferenceError, 500, "inference_failed", None),
     (CompositorError, 500, "compositing_failed", None),
 )

@@ -136,6 +136,15 @@ class InferenceCore:
         """Every registered model id, sorted."""
         return self.registry.ids()
 
+    def register(self, model_id: str) -> None:
+        """Register a package that appeared under the avatar root (an import); idempotent."""
+        self.registry.register(model_id)
+
+    def is_loaded(self, model_id: str) -> bool:
+        """True while ``model_id`` is loaded or loading on a device."""
+        known = model_id in self.registry.ids()
+        return known and self.registry.entry(model_id).state in ("loaded", "loading")
+
     def display_name(self, model_id: str) -> str:
         """The avatar's display name (reads its manifest: call it off the event loop)."""
         return self.registry.locator.display_name(model_id)

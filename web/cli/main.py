@@ -301,18 +301,21 @@ def _build(settings: Settings, args: argparse.Namespace) -> int:
         print("lipstream: avatar build needs --lipsync (or --prepare-synctalk)", file=sys.stderr)
         return 2
     work = settings.avatars.root / f".build-{avatar_id}"
+    show = not args.no_progress and sys.stderr.isatty()
     try:
-        source = build_from_video(
-            args.video,
-            args.lipsync,
-            args.audio_encoder,
-            work,
-            detector=args.face_detector,
-            rects_file=args.rects,
-            fps=args.fps,
-            jpeg_quality=args.jpeg_quality,
-            min_seconds=args.min_seconds,
-        )
+        with tqdm(unit="frame", disable=not show, file=sys.stderr) as bar:
+            source = build_from_video(
+                args.video,
+                args.lipsync,
+                args.audio_encoder,
+                work,
+                detector=args.face_detector,
+                rects_file=args.rects,
+                fps=args.fps,
+                jpeg_quality=args.jpeg_quality,
+                min_seconds=args.min_seconds,
+                progress=lambda done, _: bar.update(done - bar.n),
+            )
         result = write_package(
             source, settings.avatars.root, avatar_id, link=True, replace=args.replace
         )

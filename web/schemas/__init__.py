@@ -16,10 +16,12 @@ or another ``web`` module, so every handler may import it.
 from __future__ import annotations
 
 from web.schemas.admin import (
+    AvatarImportRequest,
     Cache,
     Device,
     DeviceKind,
     Global,
+    ImportedAvatar,
     LoadRequest,
     Model,
     Models,
@@ -58,6 +60,7 @@ __all__ = [
     "Answer",
     "AudioQuery",
     "Avatar",
+    "AvatarImportRequest",
     "Avatars",
     "BufferedMedia",
     "Cache",
@@ -71,6 +74,7 @@ __all__ = [
     "Health",
     "HungUp",
     "IceServer",
+    "ImportedAvatar",
     "InferQuery",
     "Interrupted",
     "LoadRequest",

@@ -146,3 +146,38 @@ class SessionInfo(ResponseModel):
 
 class Sessions(ResponseModel):
     sessions: list[SessionInfo]
+
+
+class AvatarImportRequest(RequestModel):
+    """Import another project's avatar folder (paths relative to ``avatars.import_root``)."""
+
+    missing_code = "bad_import"
+    wrong_type_code = "bad_import"
+    value_codes: ClassVar[Mapping[str, str]] = {"id": "invalid_model_id"}
+
+    source: Literal["synctalk2d", "livetalking"] = Field(
+        description="The folder's layout: a SyncTalk_2D dataset folder or a LiveTalking avatar."
+    )
+    directory: str = Field(min_length=1, description="The folder, under the import root.")
+    lipsync: str = Field(min_length=1, description="The lip-sync ONNX, under the import root.")
+    audio_encoder: str | None = Field(
+        default=None, description="The audio encoder ONNX (SyncTalk_2D), under the import root."
+    )
+    kind: Literal["wav2lip", "ultralight"] = Field(
+        default="wav2lip", description="LiveTalking only: which model the avatar was made for."
+    )
+    id: AvatarId = Field(description="The new avatar's id.")
+    replace: bool = Field(default=False, description="Overwrite an avatar of that id.")
+    link: bool = Field(default=False, description="Hard-link frames instead of copying.")
+
+
+class ImportedAvatar(ResponseModel):
+    id: AvatarId = Field(description="The new avatar's id, registered and ready to load.")
+    source: str = Field(description="What it was imported from.")
+    frames: Count = Field(description="Frames written.")
+    frame_size: tuple[int, int] = Field(description="Width and height of the frames.")
+    model_io: str = Field(description="The lip-sync model's inputs and output as bound.")
+    dynamic_batch: bool = Field(
+        description="False for a fixed batch of 1: it works, without cross-session batching."
+    )
+    notes: list[str] = Field(description="What the operator should know about the import.")

@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from streaming.audio_in.push import SUPPORTED_TYPES
-from web.schemas.admin import LoadRequest, Model, Models, Sessions, Stats
+from web.schemas.admin import (
+    AvatarImportRequest,
+    ImportedAvatar,
+    LoadRequest,
+    Model,
+    Models,
+    Sessions,
+    Stats,
+)
 from web.schemas.base import Error
 from web.schemas.inference import InferQuery
 from web.schemas.operation import Header, Operation, Reply, file_replies
@@ -229,6 +237,27 @@ ADMIN_OPERATIONS = (
             500: _MODEL_OPEN_500,
             503: _MODEL_OPEN_503,
             504: ("load_timeout",),
+        },
+    ),
+    Operation(
+        "import_avatar",
+        "post",
+        "/admin/avatars/import",
+        "admin",
+        "Import another project's avatar folder and register it",
+        (Reply(201, "Imported, validated and registered.", ImportedAvatar),),
+        description="The same import as `lipstream avatar import`: a SyncTalk_2D dataset "
+        "folder or a LiveTalking wav2lip avatar, read from `avatars.import_root` (paths are "
+        "relative to it). The package is written beside the others, validated, then moved "
+        "into place: a failed import leaves nothing.",
+        body=AvatarImportRequest,
+        access="admin",
+        errors={
+            400: ("bad_path",),
+            403: ("import_disabled",),
+            409: ("avatar_exists", "model_in_use"),
+            413: ("body_too_large",),
+            422: ("import_failed",),
         },
     ),
     Operation(
