@@ -304,6 +304,10 @@ def _build(settings: Settings, args: argparse.Namespace) -> int:
     show = not args.no_progress and sys.stderr.isatty()
     try:
         with tqdm(unit="frame", disable=not show, file=sys.stderr) as bar:
+
+            def report(done: int, _total: int) -> None:
+                bar.update(done - bar.n)
+
             source = build_from_video(
                 args.video,
                 args.lipsync,
@@ -314,7 +318,7 @@ def _build(settings: Settings, args: argparse.Namespace) -> int:
                 fps=args.fps,
                 jpeg_quality=args.jpeg_quality,
                 min_seconds=args.min_seconds,
-                progress=lambda done, _: bar.update(done - bar.n),
+                progress=report,
             )
         result = write_package(
             source, settings.avatars.root, avatar_id, link=True, replace=args.replace
