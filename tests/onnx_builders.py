@@ -8,22 +8,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from inference_core.adapter.spec import AdapterSpec
+from inference_core.importers.sources import WAV2LIP_SPEC
 
-#: A Wav2Lip-style adapter: 96 px, no border, lower half masked and first, RGB in [-1, 1],
-#: mel audio. ``tiny_lipsync(path, size=96, audio_shape=(1, 80, 16))`` fits it.
-WAV2LIP_96 = AdapterSpec(
-    name="wav2lip_96",
-    input_size=96,
-    crop_size=96,
-    crop_border=0,
-    mask_rect=(0, 48, 96, 48),
-    color_order="rgb",
-    channel_order="masked_first",
-    pixel_scale="minus_one_one",
-    output_scale="minus_one_one",
-    audio_feature="mel",
-    audio_shape=(1, 80, 16),
+#: A Wav2Lip-style adapter (lipstream's Wav2Lip-96 spec) in RGB and [-1, 1], so tests
+#: cover the other colour order and scaling too. ``tiny_lipsync(path, size=96,
+#: audio_shape=(1, 80, 16))`` fits it.
+WAV2LIP_96 = WAV2LIP_SPEC.model_copy(
+    update={"color_order": "rgb", "pixel_scale": "minus_one_one", "output_scale": "minus_one_one"}
 )
 
 
