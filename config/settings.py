@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     IPvAnyAddress,
+    IPvAnyNetwork,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -166,6 +167,9 @@ class ServerSettings(_Section):
     # host candidate of an answer gets a twin there (streaming.webrtc.public_address).
     # A cluster worker takes its own node's LIPSTREAM_SERVER__ICE_PUBLIC_ADDRESS.
     ice_public_address: IPvAnyAddress | None = None
+    # Reverse proxies whose Forwarded / X-Forwarded-For headers name the client
+    # (addresses or CIDRs, e.g. ["127.0.0.1", "10.0.0.0/8"]); empty: trust none.
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)

@@ -24,6 +24,7 @@ from streaming.live.reporting import delay_budget
 from streaming.webrtc.compat import loopback_only_ice, report_missing_internals
 from web.admin import add_admin_routes
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
+from web.client_address import client_address_middleware
 from web.cors import cors_middleware
 from web.errors import error_middleware
 from web.infer_api import infer
@@ -43,7 +44,11 @@ def build_app(
     """Build the application; ``core`` lets tests pass a pre-built inference core, and a
     cluster worker gives its identity as the prefix of its session ids."""
     app = web.Application(
-        middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
+        middlewares=[
+            client_address_middleware(settings.server.trusted_proxies),
+            cors_middleware(settings.server.cors_origins),
+            error_middleware,
+        ]
     )
     app[SETTINGS] = settings
     app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)

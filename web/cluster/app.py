@@ -39,6 +39,7 @@ from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.admin_auth import Handler, admin_denial, admin_only
 from web.app import ShutdownSignals
 from web.app_keys import DRAINING, OFFER_LIMITER, SETTINGS, DrainState
+from web.client_address import client_address_middleware
 from web.cluster import aggregate
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
@@ -68,7 +69,11 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     """The front app; ``front`` is a :class:`ClusterFront` made beforehand (started here
     with the app, closed with it), else one is made here."""
     app = web.Application(
-        middlewares=[cors_middleware(settings.server.cors_origins), error_middleware]
+        middlewares=[
+            client_address_middleware(settings.server.trusted_proxies),
+            cors_middleware(settings.server.cors_origins),
+            error_middleware,
+        ]
     )
     app[SETTINGS] = settings
     app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
