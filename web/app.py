@@ -29,6 +29,7 @@ from web.cors import cors_middleware
 from web.errors import error_middleware
 from web.infer_api import infer
 from web.metrics import add_metrics_routes
+from web.open_files import raise_open_file_limit
 from web.openapi import add_openapi_routes
 from web.rate_limit import RateLimiter
 from web.signalling import add_routes
@@ -101,6 +102,7 @@ def serve(settings: Settings) -> None:
 
         serve_front(settings)
         return
+    raise_open_file_limit()
     loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
     with loopback:
         asyncio.run(_serve(settings))
