@@ -184,6 +184,11 @@ class ServerSettings(_Section):
     max_offer_bytes: ByteSize = Field(default=64 * KIB, ge=1)
     offer_rate_limit_per_minute: int = Field(default=30, ge=0)
     request_timeout_s: float = Field(default=30.0, gt=0)
+    # A request head must arrive within this many seconds of the connection opening (or
+    # of its first byte), else the connection is closed: half-sent heads hold sockets.
+    head_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # Open connections one address may hold (trusted proxies are exempt).
+    max_connections_per_client: int = Field(default=256, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
 
 

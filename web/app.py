@@ -25,6 +25,7 @@ from streaming.webrtc.compat import loopback_only_ice, report_missing_internals
 from web.admin import add_admin_routes
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.client_address import client_address_middleware
+from web.connection_guard import GUARD, ConnectionGuard
 from web.cors import cors_middleware
 from web.errors import error_middleware
 from web.infer_api import infer
@@ -44,13 +45,21 @@ def build_app(
 ) -> web.Application:
     """Build the application; ``core`` lets tests pass a pre-built inference core, and a
     cluster worker gives its identity as the prefix of its session ids."""
+    server = settings.server
+    guard = ConnectionGuard(
+        server.head_timeout_s,
+        server.max_connections_per_client,
+        exempt=[str(p) for p in server.trusted_proxies],
+    )
     app = web.Application(
         middlewares=[
-            client_address_middleware(settings.server.trusted_proxies),
-            cors_middleware(settings.server.cors_origins),
+            guard.middleware,
+            client_address_middleware(server.trusted_proxies),
+            cors_middleware(server.cors_origins),
             error_middleware,
         ]
     )
+    app[GUARD] = guard
     app[SETTINGS] = settings
     app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
     app[AVATAR_NAMES] = {}
@@ -117,11 +126,18 @@ async def _serve(settings: Settings) -> None:
     with ShutdownSignals(asyncio.get_running_loop()) as signals:
         await runner.setup()
         try:
-            await web.TCPSite(runner, server.host, server.port).start()
+            # aiohttp's protocols, wrapped by the connection guard (head timeout, cap).
+            assert runner.server is not None
+            factory = app[GUARD].protocol_factory(runner.server)
+            loop = asyncio.get_running_loop()
+            listener = await loop.create_server(
+                factory, server.host, server.port, reuse_address=True
+            )
             logger.info("serving on http://%s:%d", server.host, server.port)
             _log_delay(settings)
             await signals.wait()
             await _drain(app, server.drain_timeout_s, signals)
+            listener.close()  # no new connections; the open ones are closed next
         finally:
             await runner.cleanup()
     logger.info("server stopped")

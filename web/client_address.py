@@ -38,7 +38,7 @@ def parse_networks(entries: Sequence[str]) -> list[Network]:
     return networks
 
 
-def _trusted(address: str, networks: Sequence[Network]) -> bool:
+def is_trusted(address: str, networks: Sequence[Network]) -> bool:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -63,10 +63,10 @@ def client_address(
     peer: str | None, hops: Sequence[str], networks: Sequence[Network]
 ) -> str | None:
     """The client: ``peer`` unless it is a trusted proxy, then the rightmost untrusted hop."""
-    if peer is None or not networks or not _trusted(peer, networks):
+    if peer is None or not networks or not is_trusted(peer, networks):
         return peer
     for hop in reversed(hops):
-        if not _trusted(hop, networks):
+        if not is_trusted(hop, networks):
             return hop
     return hops[0] if hops else peer
 
