@@ -152,6 +152,31 @@ class IceServer(_Section):
     credential: SecretStr | None = None
 
 
+class TurnSettings(_Section):
+    """A TURN server (coturn's ``use-auth-secret``) whose credentials lipstream mints.
+
+    Each client (``/webrtc-config``) and each of the server's own peer connections gets
+    a username ``<expiry>:<id>`` and the base64 HMAC-SHA1 of it under ``secret``, valid
+    ``ttl_s`` seconds: the TURN REST form coturn checks, so no password is shared.
+    """
+
+    urls: Annotated[list[IceUrl], BeforeValidator(_one_or_many)] = Field(default_factory=list)
+    secret: SecretStr | None = None
+    ttl_s: int = Field(default=3600, ge=60, le=7 * 86400)
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TurnSettings:
+        if self.urls and self.secret is None:
+            raise ValueError(
+                "turn.secret is required when turn.urls is set (coturn's static-auth-secret)"
+            )
+        if self.secret is not None and not self.urls:
+            raise ValueError("turn.urls is required when turn.secret is set")
+        if any(not url.startswith(("turn:", "turns:")) for url in self.urls):
+            raise ValueError("turn.urls must be turn: or turns: URLs")
+        return self
+
+
 class ServerSettings(_Section):
     """HTTP listener, WebRTC ICE configuration, admission and request limits."""
 
@@ -369,6 +394,7 @@ class Settings(_Section):
     """Everything lipstream can be configured with; build it with ``load_settings``."""
 
     server: ServerSettings = Field(default_factory=ServerSettings)
+    turn: TurnSettings = Field(default_factory=TurnSettings)
     devices: DevicesSettings = Field(default_factory=DevicesSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     batching: BatchingSettings = Field(default_factory=BatchingSettings)

@@ -25,6 +25,7 @@ from streaming.live.reporting import delay_budget
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
+from streaming.webrtc.turn import turn_server
 from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
 from web.errors import RequestError
 from web.request_body import read_json, read_limited
@@ -161,6 +162,10 @@ async def webrtc_config(request: web.Request) -> web.Response:
         )
         for server in settings.server.ice_servers
     ]
+    turn = turn_server(settings.turn)
+    if turn is not None:  # fresh, short-lived credentials for this client
+        urls, username, credential = turn
+        servers.append(IceServer(urls=urls, username=username, credential=credential))
     config = WebRtcConfig(ice_servers=servers, delay=DelayBudget.of(delay_budget(settings)))
     return web.json_response(config.dump())
 

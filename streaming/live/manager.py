@@ -32,6 +32,7 @@ from streaming.live.workers import MediaWorkers
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
 from streaming.webrtc.offer_check import OfferInfo
+from streaming.webrtc.turn import turn_server
 from streaming.webrtc.video_encoder import (
     EncoderFactory,
     install_encoder,
@@ -54,6 +55,10 @@ def ice_configuration(settings: Settings) -> RTCConfiguration:
         )
         for server in settings.server.ice_servers
     ]
+    turn = turn_server(settings.turn, "lipstream-server")  # a server behind NAT relays too
+    if turn is not None:
+        urls, username, credential = turn
+        servers.append(RTCIceServer(urls=urls, username=username, credential=credential))
     return RTCConfiguration(iceServers=servers)
 
 
