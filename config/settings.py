@@ -6,6 +6,11 @@ file (or no file) is valid and serves the built-in demo avatar on 127.0.0.1:8080
 
 Models forbid unknown keys so a typo (``prot: 9000``) stops start-up instead of being
 silently ignored.
+
+Why one module of about 400 lines: it is the one place an operator's file is checked
+against, read top to bottom in the order of ``config/lipstream.example.yaml``; the
+sections share their field types (byte sizes, paths, ICE URLs) and the cross-section
+checks of :class:`Settings`, which a split would scatter.
 """
 
 from __future__ import annotations
