@@ -58,7 +58,6 @@ class ServingGraph:
     model: onnx.ModelProto
     binding: ModelBinding  # which original input/output was which
     source: Path | None = None
-    fp16: bool = False  # weights converted to float16 (inputs and outputs stay float32)
 
     def serialized(self) -> bytes:
         data: bytes = self.model.SerializeToString()
@@ -85,7 +84,7 @@ def load_serving_graph(path: Path, spec: AdapterSpec, *, fp16: bool = False) -> 
         graph = wrap_model(model, spec)
     except ModelLoadError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
-    return ServingGraph(graph.model, graph.binding, path, fp16)
+    return ServingGraph(graph.model, graph.binding, path)
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
