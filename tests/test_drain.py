@@ -8,97 +8,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import socket
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from aiohttp import ClientError, ClientSession
+from aiohttp import ClientSession
 from aiortc import RTCPeerConnection
 
 from tests.live_calls import TIMEOUT_S, until
+from tests.server_process import (
+    STARTUP_TIMEOUT_S,
+    answers,
+    close_all,
+    closed_by_server,
+    half_heads,
+    lipstream_serve,
+)
 from tests.webrtc_client import Caller
 
 logger = logging.getLogger(__name__)
 
-LIPSTREAM = Path(sys.executable).parent / "lipstream"
 # The call must show 25 more frames within the drain, on a machine that may be busy.
 DRAIN_TIMEOUT_S = 5.0
-STARTUP_TIMEOUT_S = 60.0
+HEAD_TIMEOUT_S = 2.0
 
 
-@dataclass
-class Server:
-    proc: asyncio.subprocess.Process
-    http: ClientSession
-    stderr: Path
-
-    def log(self) -> str:
-        return self.stderr.read_text(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@asynccontextmanager
-async def lipstream_serve(
-    tmp_path: Path, drain_timeout_s: float, *args: str
-) -> AsyncIterator[Server]:
-    """``lipstream serve [args]`` on a free port, answering /health; killed at the end if
-    still up."""
-    port = _free_port()
-    config = tmp_path / "lipstream.yaml"
-    config.write_text(
-        "server:\n"
-        f"  port: {port}\n"
-        f"  drain_timeout_s: {drain_timeout_s}\n"
-        "  ice_loopback_only: true\n"
-        f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n"
-        "video:\n  preset: ultrafast\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    stderr = tmp_path / "stderr.log"
-    with stderr.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            str(LIPSTREAM),
-            "--config",
-            str(config),
-            "serve",
-            *args,
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=err,
-        )
-    try:
-        async with ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
-            server = Server(proc, http, stderr)
-            async with asyncio.timeout(STARTUP_TIMEOUT_S):
-                while not await _answers(http, "/health"):
-                    assert proc.returncode is None, server.log()
-                    await asyncio.sleep(0.2)
-            yield server
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def _answers(http: ClientSession, path: str) -> bool:
-    try:
-        async with http.get(path) as response:
-            return response.status == 200
-    except ClientError:
-        return False
+def _settings(drain_timeout_s: float) -> dict[str, object]:
+    return {
+        "drain_timeout_s": drain_timeout_s,
+        "ice_loopback_only": "true",
+        # Half-sent heads at the front are closed after this (the guarded listener).
+        "head_timeout_s": HEAD_TIMEOUT_S,
+    }
 
 
 def _not_ready(http: ClientSession) -> Callable[[], Awaitable[bool]]:
@@ -123,7 +65,7 @@ async def _offer_sdp() -> str:
 async def test_sigterm_drains_a_live_call_then_exits_cleanly(
     tmp_path: Path, loopback: None, record_property: Callable[[str, object], None]
 ) -> None:
-    async with lipstream_serve(tmp_path, DRAIN_TIMEOUT_S) as server:
+    async with lipstream_serve(tmp_path, server=_settings(DRAIN_TIMEOUT_S)) as server:
         http = server.http
         assert (await http.get("/ready")).status == 200
         caller = Caller(http)
@@ -172,7 +114,7 @@ async def test_sigterm_drains_a_live_call_then_exits_cleanly(
 async def test_drain_ends_when_the_last_call_hangs_up(tmp_path: Path, loopback: None) -> None:
     """SIGINT too; the drain stops waiting once no session is left (not at the timeout)."""
     long_drain_s = 60.0
-    async with lipstream_serve(tmp_path, long_drain_s) as server:
+    async with lipstream_serve(tmp_path, server=_settings(long_drain_s)) as server:
         caller = Caller(server.http)
         caller.keep_luma = False
         await caller.connect()
@@ -200,11 +142,15 @@ async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
 ) -> None:
     """``lipstream serve --workers 1``: a local Ray runtime, a worker process, a call
     through the front; SIGTERM drains the worker with its call, then everything stops."""
-    async with lipstream_serve(tmp_path, DRAIN_TIMEOUT_S, "--workers", "1") as server:
+    async with lipstream_serve(
+        tmp_path, "--workers", "1", server=_settings(DRAIN_TIMEOUT_S)
+    ) as server:
         http = server.http
+        # The front's listener is guarded too: half-sent heads are closed, calls go on.
+        dangling = await half_heads(server.port, 50)
 
         async def ready() -> bool:
-            return await _answers(http, "/ready")
+            return await answers(http, "/ready")
 
         await until(ready, "the front's worker to report", timeout_s=STARTUP_TIMEOUT_S)
         workers = (await (await http.get("/ready")).json())["workers"]
@@ -215,6 +161,9 @@ async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
         try:
             await caller.wait_for_frames(10)
             assert caller.session_id.startswith("w0-")
+            async with asyncio.timeout(TIMEOUT_S):
+                closed = await asyncio.gather(*(closed_by_server(r) for r, _ in dangling))
+            assert sum(closed) == len(dangling)
             frames_at_signal = len(caller.received.video_times)
             server.proc.send_signal(signal.SIGTERM)
             await until(_not_ready(http), "/ready to answer 503")
@@ -225,6 +174,7 @@ async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
                 code = await server.proc.wait()
         finally:
             await caller.close()
+            close_all(dangling)
         log = server.log()
         assert code == 0, log
         assert "Traceback" not in log, log

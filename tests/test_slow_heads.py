@@ -1,29 +1,31 @@
 """Hostile connections against the real server (``lipstream serve`` as a subprocess).
 
 2,000 connections send half a request head and nothing more: every one is closed once
-``server.head_timeout_s`` has passed, while /health keeps answering; an address over
-``server.max_connections_per_client`` has its extra connections refused at once. Counts
-and states only: the deadlines below are generous bounds, not measurements.
+``server.head_timeout_s`` has passed, while /health and a live call keep working; an
+address over ``server.max_connections_per_client`` has its extra connections refused at
+once. Counts and states only: the deadlines below are generous bounds, not measurements.
+The cluster front's listener is checked the same way in ``tests/test_drain.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import resource
-import socket
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import ClientError, ClientSession
 
 from tests.live_calls import until
-
-LIPSTREAM = Path(sys.executable).parent / "lipstream"
-HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+from tests.server_process import (
+    answers,
+    answers_on_new_connection,
+    close_all,
+    closed_by_server,
+    half_heads,
+    lipstream_serve,
+)
+from tests.webrtc_client import Caller
 
 
 @pytest.fixture
@@ -37,109 +39,76 @@ def many_files() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.asynccontextmanager
-async def serve(tmp_path: Path, **server: object) -> AsyncIterator[int]:
-    port = _free_port()
-    lines = "".join(f"  {k}: {v}\n" for k, v in {"port": port, **server}.items())
-    config = tmp_path / "lipstream.yaml"
-    config.write_text(
-        f"server:\n{lines}avatars:\n  root: {tmp_path / 'avatars'}\n"
-        f"  data_dir: {tmp_path / 'data'}\n  demo: false\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
-    log = tmp_path / "stderr.log"
-    with log.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            str(LIPSTREAM), "--config", str(config), "serve", env=env, stderr=err
-        )
-    try:
-        async with asyncio.timeout(60):
-            while not await _health(port):
-                assert proc.returncode is None, log.read_text()
-                await asyncio.sleep(0.2)
-        yield port
-    finally:
-        proc.kill()
-        await proc.wait()
-
-
-async def _health(port: int) -> bool:
-    url = f"http://127.0.0.1:{port}/health"
-    try:
-        async with ClientSession() as http, http.get(url) as response:
-            return response.status == 200
-    except ClientError:
-        return False
-
-
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-async def _half_heads(port: int, count: int) -> list[Connection]:
-    """``count`` connections that each sent half a head (keep the writers: a collected
-    writer closes its connection)."""
-    connections: list[Connection] = []
-    for start in range(0, count, 200):  # the listen backlog is 100: open in waves
-        opened = await asyncio.gather(
-            *(
-                asyncio.open_connection("127.0.0.1", port)
-                for _ in range(start, min(count, start + 200))
-            )
-        )
-        for _, writer in opened:
-            writer.write(HALF_HEAD)
-        connections += opened
-        await asyncio.gather(*(w.drain() for _, w in opened))
-    return connections
-
-
-def _close_all(connections: list[Connection]) -> None:
-    for _, writer in connections:
-        writer.close()
-
-
-async def _closed(reader: asyncio.StreamReader) -> bool:
-    """True once the server closed the connection (EOF or reset), with nothing sent."""
-    try:
-        return await reader.read(1024) == b""
-    except ConnectionResetError:
-        return True
-
-
 async def test_half_sent_heads_are_closed_while_the_server_serves(
     tmp_path: Path, many_files: None
 ) -> None:
-    async with serve(tmp_path, head_timeout_s=1.0, max_connections_per_client=5000) as port:
-        connections = await _half_heads(port, 2000)
+    settings = {"head_timeout_s": 1.0, "max_connections_per_client": 5000}
+    async with lipstream_serve(tmp_path, server=settings, demo=False) as server:
+        connections = await half_heads(server.port, 2000)
         try:
-            assert await _health(port)  # the server answers while 2,000 heads dangle
+            assert await answers(server.http, "/health")  # it answers while 2,000 dangle
             async with asyncio.timeout(60):
-                closed = await asyncio.gather(*(_closed(r) for r, _ in connections))
+                closed = await asyncio.gather(*(closed_by_server(r) for r, _ in connections))
             assert sum(closed) == 2000
-            assert await _health(port)
+            assert await answers(server.http, "/health")
         finally:
-            _close_all(connections)
+            close_all(connections)
+
+
+async def test_a_live_call_streams_on_through_a_flood_of_half_sent_heads(
+    tmp_path: Path, many_files: None, loopback: None
+) -> None:
+    """A call placed before the flood keeps receiving video while 2,000 heads dangle and
+    are closed, and a new call connects in the middle of it."""
+    settings = {
+        "head_timeout_s": 2.0,
+        "max_connections_per_client": 5000,
+        "ice_loopback_only": "true",
+    }
+    async with lipstream_serve(tmp_path, server=settings) as server:
+        first = Caller(server.http)
+        first.keep_luma = False
+        await first.connect()
+        connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        second = Caller(server.http)
+        second.keep_luma = False
+        try:
+            await first.wait_for_frames(10)
+            connections = await half_heads(server.port, 2000)
+            during = len(first.received.video_times)
+            await second.connect()  # signalling works beside the dangling heads
+            await second.wait_for_frames(10)
+            await first.wait_for_frames(during + 25)  # the first call never stalled
+            async with asyncio.timeout(60):
+                closed = await asyncio.gather(*(closed_by_server(r) for r, _ in connections))
+            assert sum(closed) == 2000
+            state = await (await server.http.get(f"/sessions/{first.session_id}")).json()
+            assert state["state"] == "streaming"
+        finally:
+            close_all(connections)
+            await second.close()
+            await first.close()
+        assert "Traceback" not in server.log()
 
 
 async def test_connections_over_the_per_address_cap_are_refused(
     tmp_path: Path, many_files: None
 ) -> None:
-    async with serve(tmp_path, head_timeout_s=30.0, max_connections_per_client=50) as port:
-        connections = await _half_heads(port, 60)
+    settings = {"head_timeout_s": 30.0, "max_connections_per_client": 50}
+    async with lipstream_serve(tmp_path, server=settings, demo=False) as server:
+        connections = await half_heads(server.port, 60)
         try:
             async with asyncio.timeout(20):  # the ten over the cap go at once, not in 30 s
-                refused = await asyncio.gather(*(_closed(r) for r, _ in connections[50:]))
+                refused = await asyncio.gather(*(closed_by_server(r) for r, _ in connections[50:]))
             assert all(refused)
             assert not any(r.at_eof() for r, _ in connections[:50])
-            assert not await _health(port)  # the address is still at its cap
-            _close_all(connections[:10])
-            await until(lambda: _health(port), "room again once ten connections closed")
+            assert not await answers_on_new_connection(
+                server.port, "/health"
+            )  # the address is at its cap
+            close_all(connections[:10])
+            await until(
+                lambda: answers_on_new_connection(server.port, "/health"),
+                "room again once ten connections closed",
+            )
         finally:
-            _close_all(connections)
+            close_all(connections)

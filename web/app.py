@@ -46,11 +46,7 @@ def build_app(
     """Build the application; ``core`` lets tests pass a pre-built inference core, and a
     cluster worker gives its identity as the prefix of its session ids."""
     server = settings.server
-    guard = ConnectionGuard(
-        server.head_timeout_s,
-        server.max_connections_per_client,
-        exempt=[str(p) for p in server.trusted_proxies],
-    )
+    guard = ConnectionGuard.for_server(server)
     app = web.Application(
         middlewares=[
             guard.middleware,
@@ -106,12 +102,12 @@ def serve(settings: Settings) -> None:
     signal cuts that short). Then the listener closes and ``cleanup_ctx`` closes the
     remaining sessions and stops the inference core.
     """
+    raise_open_file_limit()
     if settings.cluster.workers:
         from web.cluster.app import serve_front  # imports Ray only when asked for
 
         serve_front(settings)
         return
-    raise_open_file_limit()
     loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
     with loopback:
         asyncio.run(_serve(settings))
@@ -127,12 +123,7 @@ async def _serve(settings: Settings) -> None:
         await runner.setup()
         try:
             # aiohttp's protocols, wrapped by the connection guard (head timeout, cap).
-            assert runner.server is not None
-            factory = app[GUARD].protocol_factory(runner.server)
-            loop = asyncio.get_running_loop()
-            listener = await loop.create_server(
-                factory, server.host, server.port, reuse_address=True
-            )
+            listener = await app[GUARD].listen(runner, server.host, server.port)
             logger.info("serving on http://%s:%d", server.host, server.port)
             _log_delay(settings)
             await signals.wait()

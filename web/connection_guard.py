@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from config.settings import ServerSettings
 from web.client_address import is_trusted, parse_networks
 from web.errors import Handler
 
@@ -44,6 +45,23 @@ class ConnectionGuard:
         # aiohttp's protocol (by id: it takes no weak references) -> our wrapper; an entry
         # lives from connection_made to connection_lost.
         self._by_handler: dict[int, _GuardedProtocol] = {}
+
+    @classmethod
+    def for_server(cls, server: ServerSettings) -> ConnectionGuard:
+        """The guard ``server``'s settings ask for (trusted proxies exempt from the cap)."""
+        return cls(
+            server.head_timeout_s,
+            server.max_connections_per_client,
+            exempt=[str(p) for p in server.trusted_proxies],
+        )
+
+    async def listen(self, runner: web.AppRunner, host: str, port: int) -> asyncio.Server:
+        """Open the listener for ``runner`` (set up already), its connections guarded."""
+        if runner.server is None:
+            raise RuntimeError("the runner is not set up: call runner.setup() first")
+        loop = asyncio.get_running_loop()
+        factory = self.protocol_factory(runner.server)
+        return await loop.create_server(factory, host, port, reuse_address=True)
 
     def protocol_factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], Any]:
         """A factory for ``loop.create_server`` wrapping ``inner``'s protocols."""

@@ -43,6 +43,7 @@ from web.client_address import client_address_middleware
 from web.cluster import aggregate
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
+from web.connection_guard import GUARD, ConnectionGuard
 from web.cors import cors_middleware
 from web.errors import RequestError, error_middleware
 from web.rate_limit import RateLimiter
@@ -68,13 +69,16 @@ RETRY_AFTER_S = 5
 def build_front_app(settings: Settings, *, front: ClusterFront | None = None) -> web.Application:
     """The front app; ``front`` is a :class:`ClusterFront` made beforehand (started here
     with the app, closed with it), else one is made here."""
+    guard = ConnectionGuard.for_server(settings.server)
     app = web.Application(
         middlewares=[
+            guard.middleware,
             client_address_middleware(settings.server.trusted_proxies),
             cors_middleware(settings.server.cors_origins),
             error_middleware,
         ]
     )
+    app[GUARD] = guard
     app[SETTINGS] = settings
     app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
     app[DRAINING] = DrainState()
@@ -319,7 +323,8 @@ async def _serve_front(settings: Settings, front: ClusterFront) -> None:
     with ShutdownSignals(asyncio.get_running_loop()) as signals:
         await runner.setup()
         try:
-            await web.TCPSite(runner, server.host, server.port).start()
+            # The same head timeout and per-address cap as one process (web/connection_guard.py).
+            listener = await app[GUARD].listen(runner, server.host, server.port)
             logger.info(
                 "front serving on http://%s:%d with %d workers",
                 server.host,
@@ -335,6 +340,7 @@ async def _serve_front(settings: Settings, front: ClusterFront) -> None:
             for task in (drained, again):
                 task.cancel()
             await asyncio.gather(drained, again, return_exceptions=True)
+            listener.close()  # no new connections; the open ones are closed next
         finally:
             await runner.cleanup()
     logger.info("front stopped")

@@ -1,0 +1,139 @@
+"""``lipstream serve`` as a real subprocess: the console script, its own listener and signals.
+
+Tests that need what only the process does (the guarded listener, the open-file limit,
+SIGTERM draining, a cluster front) start it here on a free loopback port and talk to it
+over HTTP; :func:`lipstream_serve` yields once ``/health`` answers and kills the process
+at the end if it is still up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import ClientError, ClientSession, TCPConnector
+
+LIPSTREAM = Path(sys.executable).parent / "lipstream"
+STARTUP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Server:
+    proc: asyncio.subprocess.Process
+    http: ClientSession
+    port: int
+    stderr: Path
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def lipstream_serve(
+    tmp_path: Path,
+    *args: str,
+    server: Mapping[str, object] | None = None,
+    demo: bool = True,
+) -> AsyncIterator[Server]:
+    """``lipstream serve [args]`` with ``server:`` settings ``server`` (plus a free port);
+    the built-in demo avatar unless ``demo`` is false."""
+    port = free_port()
+    lines = "".join(f"  {k}: {v}\n" for k, v in {"port": port, **(server or {})}.items())
+    config = tmp_path / "lipstream.yaml"
+    config.write_text(
+        f"server:\n{lines}"
+        f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n"
+        f"  demo: {str(demo).lower()}\n"
+        "video:\n  preset: ultrafast\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            str(LIPSTREAM),
+            "--config",
+            str(config),
+            "serve",
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=err,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        # Polled on connections of its own, so ``http`` holds none yet (connection caps).
+        async with ClientSession(base_url=base_url) as probe:
+            async with asyncio.timeout(STARTUP_TIMEOUT_S):
+                while not await answers(probe, "/health"):
+                    assert proc.returncode is None, stderr.read_text(errors="replace")
+                    await asyncio.sleep(0.2)  # polling for start-up, not synchronisation
+        async with ClientSession(base_url=base_url) as http:
+            yield Server(proc, http, port, stderr)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def answers_on_new_connection(port: int, path: str) -> bool:
+    """:func:`answers`, on a connection opened for it and closed after it."""
+    async with ClientSession(connector=TCPConnector(force_close=True)) as http:
+        return await answers(http, f"http://127.0.0.1:{port}{path}")
+
+
+async def answers(http: ClientSession, path: str) -> bool:
+    """True when ``path`` answers 200; False on another status or no connection."""
+    try:
+        async with http.get(path) as response:
+            return response.status == 200
+    except ClientError:
+        return False
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+async def half_heads(port: int, count: int) -> list[Connection]:
+    """``count`` connections that each sent half a request head and nothing more (keep the
+    writers: a collected writer closes its connection)."""
+    connections: list[Connection] = []
+    for start in range(0, count, 200):  # the listen backlog is 100: open in waves
+        opened = await asyncio.gather(
+            *(
+                asyncio.open_connection("127.0.0.1", port)
+                for _ in range(start, min(count, start + 200))
+            )
+        )
+        for _, writer in opened:
+            writer.write(HALF_HEAD)
+        connections += opened
+        await asyncio.gather(*(w.drain() for _, w in opened))
+    return connections
+
+
+def close_all(connections: list[Connection]) -> None:
+    for _, writer in connections:
+        writer.close()
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    """True once the server closed the connection (EOF or reset), with nothing sent."""
+    try:
+        return await reader.read(1024) == b""
+    except ConnectionResetError:
+        return True
