@@ -12,7 +12,12 @@ import av
 import numpy as np
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
@@ -37,7 +42,7 @@ class Caller:
     """One call: optional microphone from a WAV file, receives video and audio.
 
     ``client`` is the in-process test client, or a ``ClientSession(base_url=...)`` for a
-    server in another process.
+    server in another process. ``configuration`` sets ICE servers (a TURN relay).
     """
 
     def __init__(
@@ -45,11 +50,13 @@ class Caller:
         client: TestClient[object, object] | ClientSession,
         avatar: str = "demo",
         headers: dict[str, str] | None = None,
+        *,
+        configuration: RTCConfiguration | None = None,
     ) -> None:
         self.client = client
         self.headers = headers or {}
         self.avatar = avatar
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(configuration)
         self.received = Received()
         self.session_id = ""
         self.player: MediaPlayer | None = None
