@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
+from config.settings import ServerSettings
 from tests.media import write_wav
 from tests.packages import make_package
+from web.cli.health import health_url
 from web.cli.main import main
 
 
@@ -123,3 +128,38 @@ def test_avatar_list_and_demo(
     assert code == 0
     assert Path(out.strip()).is_relative_to(tmp_path / "data")
     assert (Path(out.strip()) / "avatar.json").is_file()
+
+
+def test_health_url_asks_a_wildcard_host_on_loopback() -> None:
+    assert health_url(ServerSettings(host="0.0.0.0", port=9000)) == "http://127.0.0.1:9000/health"
+    assert health_url(ServerSettings(host="::", port=9000)) == "http://[::1]:9000/health"
+    assert health_url(ServerSettings(host="10.1.2.3")) == "http://10.1.2.3:8080/health"
+
+
+async def test_health_answers_for_a_live_server_and_fails_for_a_dead_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the container's HEALTHCHECK runs: exit 0 while /health answers, 1 after."""
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = f"http://127.0.0.1:{server.port}/health"
+    try:
+        # urllib blocks: run the command beside the event loop that serves it.
+        code = await asyncio.to_thread(main, ["health", "--url", url])
+        out, _ = capsys.readouterr()
+        assert code == 0
+        assert out.strip() == f"{url}: ok"
+    finally:
+        await server.close()
+    code = await asyncio.to_thread(main, ["health", "--url", url, "--timeout", "2"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert f"{url} did not answer" in err
+    assert main(["health", "--url", "file:///etc/passwd"]) == 1
+    assert "is not an http:// or https:// URL" in capsys.readouterr().err

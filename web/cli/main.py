@@ -12,6 +12,7 @@
     lipstream model bench-unet --out unet.onnx [--width W]
     lipstream token mint --avatar ID [--ttl SECONDS]
     lipstream config check [--config FILE]
+    lipstream health [--url URL] [--timeout S]     (exit 0 when /health answers 200)
 
 Exit status: 0 success, 1 the work failed (message on stderr), 2 bad usage or config.
 """
@@ -45,6 +46,7 @@ from inference_core.importers import (
 from inference_core.importers.build import build_from_video, prepare_synctalk
 from streaming.offline.render import RenderOptions, render_file
 from web.app import serve
+from web.cli.health import check_health, health_url
 from web.cluster.ray_check import ray_missing
 from web.errors import LIBRARY_ERRORS
 from web.log_format import configure_logging
@@ -117,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     mint.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
     mint.add_argument("--subject", help="optional sub claim (who the token is for)")
 
+    health = sub.add_parser("health", help="exit 0 if the server answers GET /health")
+    health.add_argument("--url", help="the /health URL (default: from server.host and .port)")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     config_sub.add_parser("check", help="validate the settings and print the effective values")
@@ -225,6 +230,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return 2
         print(token)
         return 0
+    if args.command == "health":
+        healthy, said = check_health(args.url or health_url(settings.server), args.timeout)
+        print(said, file=sys.stdout if healthy else sys.stderr)
+        return 0 if healthy else 1
     if args.command == "model":
         kwargs = {} if args.width is None else {"width": args.width}
         path = build_benchmark_unet(args.out, **kwargs)
