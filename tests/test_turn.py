@@ -74,5 +74,8 @@ async def test_each_client_and_server_connection_gets_fresh_credentials(tmp_path
     assert servers is not None
     own = servers[-1]
     assert own.urls == TURN["urls"]
-    assert own.username.endswith(":lipstream-server")
+    assert own.username.split(":", 1)[1].startswith("lipstream-server-")
     assert _coturn_accepts(own.username, own.credential, now)
+    again = ice_configuration(settings).iceServers
+    assert again is not None
+    assert again[-1].username != own.username  # one id per connection (coturn's quotas)

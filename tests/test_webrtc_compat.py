@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import aioice
 import pytest
-from aiortc import RTCPeerConnection
+from aiortc import RTCCertificate, RTCPeerConnection, RTCSessionDescription
+from aiortc.rtcdtlstransport import generate_certificate
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from streaming.webrtc import compat
 from streaming.webrtc.compat import (
     INTERNALS,
     TESTED_VERSIONS,
+    DtlsFailure,
+    answer_as_dtls_server,
     forward_keyframe_requests,
     install_sender_encoder,
     installed_versions,
     missing_internals,
 )
+from tests.live_calls import until
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("config", "inference_core", "compositor", "streaming", "web")
@@ -88,3 +94,104 @@ async def test_a_keyframe_request_reaches_aiortc_and_our_encoder() -> None:
         assert sender._RTCRtpSender__force_keyframe  # aiortc's own flag, still set
     finally:
         await pc.close()
+
+
+# -- DTLS: the answer's role, and why a handshake failed -----------------------------------
+
+
+def _setup(sdp: str) -> set[str]:
+    return set(re.findall(r"^a=setup:(\w+)", sdp, re.M))
+
+
+def _rsa_certificate() -> RTCCertificate:
+    """A certificate like webrtcbin's: RSA, where aiortc makes ECDSA ones."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return RTCCertificate(key, generate_certificate(key))  # type: ignore[arg-type]
+
+
+async def _call(
+    caller: RTCPeerConnection, server: RTCPeerConnection, offer_sdp: Callable[[str], str]
+) -> DtlsFailure:
+    """Offer from ``caller`` (its SDP edited by ``offer_sdp``), answered by ``server`` as
+    the server answers; the server's DTLS transports watched."""
+    caller.addTransceiver("audio")
+    await caller.setLocalDescription(await caller.createOffer())
+    offer = RTCSessionDescription(offer_sdp(caller.localDescription.sdp), "offer")
+    await server.setRemoteDescription(offer)
+    answer_as_dtls_server(server)
+    await server.setLocalDescription(await server.createAnswer())
+    failure = DtlsFailure()
+    failure.watch(server)
+    await caller.setRemoteDescription(server.localDescription)
+    return failure
+
+
+async def test_an_actpass_offer_is_answered_passive_and_connects(loopback: None) -> None:
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    try:
+        failure = await _call(caller, server, lambda sdp: sdp)
+        assert _setup(caller.localDescription.sdp) == {"actpass"}
+        assert _setup(server.localDescription.sdp) == {"passive"}  # aiortc alone: active
+        await until(lambda: server.connectionState == "connected", "the call to connect")
+        assert failure.cause is None
+    finally:
+        await caller.close()
+        await server.close()
+
+
+@pytest.mark.parametrize(("offered", "answered"), [("active", "passive"), ("passive", "active")])
+async def test_an_offer_that_picks_its_role_keeps_it(offered: str, answered: str) -> None:
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    try:
+        await _call(
+            caller, server, lambda sdp: sdp.replace("a=setup:actpass", f"a=setup:{offered}")
+        )
+        assert _setup(server.localDescription.sdp) == {answered}
+    finally:
+        await caller.close()
+        await server.close()
+
+
+async def test_a_failed_handshake_is_named_with_openssls_reason_on_both_sides(
+    loopback: None,
+) -> None:
+    """The failure of issue 16 in-process: the server as DTLS client (the caller offered
+    passive) against a DTLS server whose certificate is RSA."""
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    caller._RTCPeerConnection__certificates[0] = _rsa_certificate()  # type: ignore[attr-defined]
+    try:
+        failure = await _call(
+            caller, server, lambda sdp: sdp.replace("a=setup:actpass", "a=setup:passive")
+        )
+        caller_failure = DtlsFailure()
+        caller_failure.watch(caller)
+        await until(lambda: failure.cause and caller_failure.cause, "both handshakes to fail")
+        assert server.connectionState == "failed"
+        # OpenSSL 3.0 says "sslv3 alert", later releases "tls alert".
+        assert re.fullmatch(r".*alert handshake failure \(as DTLS client\)", str(failure.cause))
+        assert caller_failure.cause == "no shared cipher (as DTLS server)"
+    finally:
+        await caller.close()
+        await server.close()
+
+
+async def test_a_certificate_that_is_not_the_offered_one_is_named(loopback: None) -> None:
+    caller, server = RTCPeerConnection(), RTCPeerConnection()
+    other = RTCCertificate.generateCertificate().getFingerprints()
+    fingerprint = next(f for f in other if f.algorithm == "sha-256")
+    try:
+        failure = await _call(
+            caller,
+            server,
+            lambda sdp: re.sub(
+                r"^a=fingerprint:sha-256 \S+",
+                f"a=fingerprint:sha-256 {fingerprint.value}",
+                sdp,
+                flags=re.M,
+            ),
+        )
+        await until(lambda: failure.cause, "the handshake to fail")
+        assert failure.cause == "the caller's certificate does not match its offer's a=fingerprint"
+    finally:
+        await caller.close()
+        await server.close()

@@ -30,7 +30,12 @@ from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
-from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
+from streaming.webrtc.compat import (
+    DtlsFailure,
+    answer_as_dtls_server,
+    install_audio_receive_buffer,
+    negotiated_codecs,
+)
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.turn import turn_server
 from streaming.webrtc.video_encoder import (
@@ -55,11 +60,18 @@ def ice_configuration(settings: Settings) -> RTCConfiguration:
         )
         for server in settings.server.ice_servers
     ]
-    turn = turn_server(settings.turn, "lipstream-server")  # a server behind NAT relays too
+    # A server behind NAT relays too. Its own id per connection: coturn's per-user quota
+    # and logs then tell one call's allocation from another's.
+    turn = turn_server(settings.turn, f"lipstream-server-{secrets.token_hex(6)}")
     if turn is not None:
         urls, username, credential = turn
         servers.append(RTCIceServer(urls=urls, username=username, credential=credential))
     return RTCConfiguration(iceServers=servers)
+
+
+def _unanswerable(exc: Exception) -> OfferError:
+    # aiortc raises many types on a bad SDP (docs/architecture.md §6)
+    return OfferError(f"the offer cannot be answered: {exc!r}"[:500])
 
 
 @dataclass
@@ -240,20 +252,31 @@ class SessionManager:
             def on_track(track: object) -> None:
                 session.add_remote_track(track)  # type: ignore[arg-type]
 
+            dtls = DtlsFailure()
+
             @pc.on("connectionstatechange")
             async def on_state() -> None:
                 state = pc.connectionState
                 if state == "connected":
                     session.state = "connected"
+                elif state == "failed" and dtls.cause is not None:
+                    logger.warning(
+                        "DTLS handshake failed: session=%s cause=%s", session.session_id, dtls.cause
+                    )
+                    await session.close(f"DTLS failed: {dtls.cause}")
                 elif state in ("failed", "closed"):
                     await session.close(f"connection {state}")
 
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            except Exception as exc:
+                raise _unanswerable(exc) from exc
+            answer_as_dtls_server(pc)  # a=setup:passive to actpass (docs/architecture.md §6)
+            try:
                 await pc.setLocalDescription(await pc.createAnswer())
             except Exception as exc:
-                # aiortc raises many types on a bad SDP (docs/architecture.md §6)
-                raise OfferError(f"the offer cannot be answered: {exc!r}"[:500]) from exc
+                raise _unanswerable(exc) from exc
+            dtls.watch(pc)
             if not pc.getTransceivers() or all(t.mid is None for t in pc.getTransceivers()):
                 raise OfferError("the offer has no audio or video section")
             for transceiver in pc.getTransceivers():  # before media flows (§2)

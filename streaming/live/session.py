@@ -202,14 +202,26 @@ class Session:
         connected peer has sent nothing for ``PEER_SILENCE_S``."""
 
         async def ice_watchdog() -> None:
-            if await connect_timed_out(self.pc, timeout_s):
-                logger.info(
-                    "session not connected after %.0f s: session=%s state=%s",
-                    timeout_s,
+            if not await connect_timed_out(self.pc, timeout_s):
+                return
+            if self.pc.iceConnectionState in ("connected", "completed"):
+                # ICE found a path; then neither side started DTLS, or the peer stopped
+                # answering it: a different fault from no path at all.
+                logger.warning(
+                    "DTLS handshake timed out: session=%s (ICE connected; no DTLS handshake "
+                    "completed in %.0f s)",
                     self.session_id,
-                    self.pc.connectionState,
+                    timeout_s,
                 )
-                await self.close("ICE timeout")
+                await self.close("DTLS handshake timed out")
+                return
+            logger.info(
+                "session not connected after %.0f s: session=%s state=%s",
+                timeout_s,
+                self.session_id,
+                self.pc.connectionState,
+            )
+            await self.close("ICE timeout")
 
         async def peer_watchdog() -> None:
             quiet_s = await peer_silent(self.pc)

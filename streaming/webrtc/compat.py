@@ -4,8 +4,9 @@ aiortc has no public way to do a few things lipstream needs: give a sender our o
 encoder (and read its bitrate back), give an audio receiver a buffer that does not hold
 packets back (``streaming/webrtc/audio_receive.py``), see which codec a transceiver
 negotiated, stop an
-ICE consent task that would outlive its connection, and gather only loopback candidates
-in a sandbox. Each private attribute or hook used for that is listed in
+ICE consent task that would outlive its connection, gather only loopback candidates
+in a sandbox, answer as the DTLS server, and say why a DTLS handshake failed. Each
+private attribute or hook used for that is listed in
 :data:`INTERNALS` and reached only through the functions here; no other module touches
 aiortc's or aioice's private state (``docs/architecture.md`` §6).
 
@@ -13,7 +14,9 @@ aiortc's or aioice's private state (``docs/architecture.md`` §6).
 aiortc/aioice no longer has; ``tests/test_webrtc_compat.py`` fails naming each one, and
 the server logs them at start (:func:`report_missing_internals`). ``pyproject.toml``
 pins aiortc and aioice to the versions in :data:`TESTED_VERSIONS`: an upgrade is a
-change to review here first.
+change to review here first. Why one module of about 400 lines: it is the one place
+that touches aiortc's and aioice's private state (a test holds every other module to
+that), so an upgrade is reviewed in one file.
 
 The consent-task leak: aioice (0.13) starts its consent-freshness task (RFC 7675) at the
 end of ``Connection.connect()``, and aiortc runs that ``connect()`` in a task that
@@ -24,21 +27,52 @@ every ~5 s for the life of the process, holding the connection's objects (one su
 per side for every call hung up during ICE; tests/test_cycles.py).
 :func:`close_peer_connection` makes a consent check that starts after the close a no-op
 before closing; a check already running is cancelled by aioice's own ``close()``.
+
+The DTLS role (issue 16): aiortc answers an ``a=setup:actpass`` offer with ``active``,
+so it is the DTLS client and offers only ECDHE-ECDSA cipher suites; a caller whose
+certificate is RSA is then a DTLS server that cannot pick any of them, and fails with
+OpenSSL's "no shared cipher" (GStreamer's webrtcbin, whose default certificate is RSA).
+:func:`answer_as_dtls_server` makes the answer ``a=setup:passive`` instead: the server
+is the DTLS server with its own ECDSA certificate, so it chooses the suite, and every
+client can negotiate ECDHE-ECDSA whatever its own certificate (a client's certificate
+only signs; OpenSSL accepts RSA and ECDSA there). The alternative, adding ECDHE-RSA
+suites to aiortc's client, means replacing aiortc's private SSL context for every
+handshake and still leaves the server at the mercy of each caller's certificate type.
+RFC 5763 recommends ``active`` in answers because the answerer may start DTLS before
+the offerer has the answer; lipstream's callers cannot start ICE before they have the
+answer (no trickle), so ``passive`` costs no round trip. An offer that says ``active``
+or ``passive`` gets the role it asked for.
+
+Why a handshake failed (:class:`DtlsFailure`): aiortc reports only a "failed" state,
+and the OpenSSL error is usually raised where aiortc reads a handshake record and
+discards it. While a transport shakes hands its OpenSSL connection is wrapped to keep
+the first error (e.g. "tls alert handshake failure" as DTLS client, "no shared cipher"
+as DTLS server); a handshake that completed but failed aiortc's checks is told apart as
+a fingerprint mismatch or no common SRTP profile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aioice
 import aioice.ice
-from aiortc import RTCPeerConnection, RTCRtpCodecParameters, RTCRtpSender, RTCRtpTransceiver
+from aiortc import (
+    RTCDtlsTransport,
+    RTCPeerConnection,
+    RTCRtpCodecParameters,
+    RTCRtpSender,
+    RTCRtpTransceiver,
+)
+from aiortc import sdp as aiortc_sdp
 from aiortc.codecs.h264 import H264Encoder
+from OpenSSL import SSL
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +85,10 @@ _RECEIVER_JITTER = "_RTCRtpReceiver__jitter_buffer"  # ``RTCRtpReceiver.__jitter
 _SENDER_KEYFRAME = "_send_keyframe"  # RTCRtpSender's reaction to a PLI or FIR
 _TRANSCEIVER_CODECS = "_codecs"
 _ICE_CONNECTION = "_connection"
+_DTLS_SET_ROLE = "_set_role"
+_DTLS_ROLE = "_role"
+_DTLS_SSL = "_ssl"
+_DTLS_HANDSHAKE = "_do_handshake"
 
 
 @dataclass(frozen=True)
@@ -71,6 +109,11 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCIceTransport", _ICE_CONNECTION, "its aioice Connection (consent checks)"),
     Internal("aioice.Connection", "query_consent", "made a no-op once a connection closes"),
     Internal("aioice.ice", "get_host_addresses", "gather loopback candidates only"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_SET_ROLE, "answer actpass as the DTLS server"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_ROLE, "our DTLS role, named when it fails"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_HANDSHAKE, "wrapped: keep the handshake's error"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_SSL, "its OpenSSL connection: errors, SRTP"),
+    Internal("aiortc.RTCDtlsTransport", "encrypted", "whether the handshake itself completed"),
     # LipstreamH264Encoder subclasses aiortc's encoder: it overrides the per-frame encode,
     # calls the packetizer and keeps the codec and the packetizer's buffers in step.
     Internal("aiortc.codecs.h264.H264Encoder", "_encode_frame", "our codec per frame"),
@@ -101,6 +144,7 @@ async def missing_internals() -> list[Internal]:
             "aiortc.RTCRtpTransceiver": transceiver,
             "aiortc.RTCRtpReceiver": transceiver.receiver,
             "aiortc.RTCIceTransport": ice_transport,
+            "aiortc.RTCDtlsTransport": transceiver.receiver.transport,
             "aioice.Connection": aioice.Connection,
             "aioice.ice": aioice.ice,
             "aiortc.codecs.h264.H264Encoder": H264Encoder(),
@@ -193,6 +237,128 @@ def install_audio_receive_buffer(transceiver: RTCRtpTransceiver, buffer: object)
     if transceiver.kind != "audio":
         raise ValueError(f"only audio receivers take this buffer, not {transceiver.kind}")
     _replace(transceiver.receiver, _RECEIVER_JITTER, buffer)
+
+
+# -- DTLS -----------------------------------------------------------------------------
+
+
+def answer_as_dtls_server(pc: RTCPeerConnection) -> None:
+    """Make the answer say ``a=setup:passive`` to each section offered ``actpass``.
+
+    Call it between ``setRemoteDescription(offer)`` and ``createAnswer()``: the server
+    is then the DTLS server (see the module docstring for why). A section offered
+    ``active`` or ``passive`` keeps the role its caller asked for. Raises
+    ``RuntimeError`` naming the method if this aiortc sets DTLS roles elsewhere.
+    """
+    offer = pc.remoteDescription
+    if offer is None or offer.type != "offer":
+        raise ValueError("set the remote offer first")
+    actpass = {
+        media.rtp.muxId
+        for media in aiortc_sdp.SessionDescription.parse(offer.sdp).media
+        if media.dtls is not None and media.dtls.role == "auto"
+    }
+    # Only audio and video: offer_check refuses data channels.
+    for transceiver in pc.getTransceivers():
+        if transceiver.mid in actpass:
+            _require(transceiver.receiver.transport, _DTLS_SET_ROLE)("server")
+
+
+class DtlsFailure:
+    """Why a peer connection's DTLS handshake failed: ``cause`` is None until it has.
+
+    aiortc reports only a "failed" state and puts the reason in its debug log, if at all:
+    OpenSSL's error usually surfaces while aiortc reads a handshake record
+    (``RTCDtlsTransport._recv_next``), which swallows it, and the next
+    ``do_handshake()`` then fails with an empty error queue. So while a transport
+    shakes hands its OpenSSL connection is wrapped to keep the first error raised.
+    """
+
+    def __init__(self) -> None:
+        self.cause: str | None = None
+
+    def watch(self, pc: RTCPeerConnection) -> None:
+        """Watch ``pc``'s DTLS transports: call it after ``setLocalDescription`` (aiortc
+        starts DTLS in a task of its own, once ICE connects).
+
+        Raises ``RuntimeError`` naming the attribute if this aiortc shakes hands elsewhere.
+        """
+        transports = {id(t.receiver.transport): t.receiver.transport for t in pc.getTransceivers()}
+        for transport in transports.values():
+            errors = _HandshakeErrors()
+            handshake = functools.partial(
+                errors.run, transport, _require(transport, _DTLS_HANDSHAKE)
+            )
+            _replace(transport, _DTLS_HANDSHAKE, handshake)
+            transport.on("statechange", functools.partial(self._state_changed, transport, errors))
+
+    def _state_changed(self, transport: RTCDtlsTransport, errors: _HandshakeErrors) -> None:
+        if transport.state != "failed" or self.cause is not None:
+            return
+        role = getattr(transport, _DTLS_ROLE, "?")
+        if errors.first is not None:
+            self.cause = f"{errors.first} (as DTLS {role})"
+        elif not getattr(transport, "encrypted", False):
+            self.cause = "the connection closed during the handshake"
+        else:  # the handshake completed; aiortc's checks after it did not pass
+            ssl = getattr(transport, _DTLS_SSL, None)
+            if ssl is not None and not ssl.get_selected_srtp_profile():
+                self.cause = "no SRTP protection profile in common"
+            else:
+                self.cause = "the caller's certificate does not match its offer's a=fingerprint"
+
+
+class _HandshakeErrors:
+    """The first OpenSSL error of one transport's handshake, as OpenSSL words it."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+
+    async def run(self, transport: object, handshake: Callable[[], Awaitable[None]]) -> None:
+        """aiortc's handshake, its OpenSSL connection wrapped while it runs."""
+        connection = getattr(transport, _DTLS_SSL)
+        setattr(transport, _DTLS_SSL, _ErrorKeepingConnection(connection, self))
+        try:
+            await handshake()
+        finally:
+            setattr(transport, _DTLS_SSL, connection)
+
+    def keep(self, error: SSL.Error) -> None:
+        if self.first is None:
+            queue = error.args[0] if error.args and isinstance(error.args[0], list) else []
+            reasons = [str(e[-1]) for e in queue if isinstance(e, tuple) and e]
+            self.first = "; ".join(reasons) or None  # empty: the error was read before
+
+
+class _ErrorKeepingConnection:
+    """A pyOpenSSL connection whose handshake errors are kept before aiortc handles them."""
+
+    def __init__(self, connection: Any, errors: _HandshakeErrors) -> None:
+        self._connection = connection
+        self._errors = errors
+
+    def do_handshake(self) -> None:
+        self._call(self._connection.do_handshake)
+
+    def recv(self, bufsiz: int) -> bytes:
+        data: bytes = self._call(self._connection.recv, bufsiz)
+        return data
+
+    def DTLSv1_handle_timeout(self) -> bool:  # noqa: N802 (pyOpenSSL's name)
+        done: bool = self._call(self._connection.DTLSv1_handle_timeout)
+        return done
+
+    def _call(self, method: Callable[..., Any], *args: object) -> Any:
+        try:
+            return method(*args)
+        except (SSL.WantReadError, SSL.ZeroReturnError):
+            raise
+        except SSL.Error as exc:
+            self._errors.keep(exc)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
 
 
 # -- closing --------------------------------------------------------------------------
