@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from playwright.async_api import Page
 
@@ -34,9 +34,12 @@ CHROMIUM_ARGS = (
 
 
 @asynccontextmanager
-async def caller_page(profile: Path, fake_mic: Path) -> AsyncIterator[Page]:
+async def caller_page(
+    profile: Path, fake_mic: Path, extra_args: Sequence[str] = ()
+) -> AsyncIterator[Page]:
     """A page in a fresh Chromium profile whose microphone plays ``fake_mic`` (a WAV,
-    looped). Needs the ``playwright`` package (the test extra)."""
+    looped), Chromium started with ``extra_args`` too (e.g. a host mapping). Needs the
+    ``playwright`` package (the test extra)."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as playwright:
@@ -44,7 +47,7 @@ async def caller_page(profile: Path, fake_mic: Path) -> AsyncIterator[Page]:
             str(profile),
             executable_path=str(CHROMIUM),
             headless=True,
-            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={fake_mic}"],
+            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={fake_mic}", *extra_args],
         )
         try:
             yield context.pages[0] if context.pages else await context.new_page()

@@ -200,6 +200,10 @@ class ServerSettings(_Section):
     # Reverse proxies whose Forwarded / X-Forwarded-For headers name the client
     # (addresses or CIDRs, e.g. ["127.0.0.1", "10.0.0.0/8"]); empty: trust none.
     trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
+    # The one header those proxies write: nginx, Caddy, HAProxy and Traefik append to
+    # X-Forwarded-For and pass a client's own Forwarded on untouched, so reading the
+    # other header would let any client name itself.
+    forwarded_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
     cors_origins: list[str] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     max_sessions: int = Field(default=16, ge=1)

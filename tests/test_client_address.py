@@ -20,9 +20,9 @@ from web.client_address import client_address, forwarded_hops, parse_networks
 PROXIES = parse_networks(["127.0.0.1", "10.0.0.0/8", "fd00::/8"])
 
 
-def _hops(**headers: str) -> list[str]:
+def _hops(header: str = "x-forwarded-for", **headers: str) -> list[str]:
     names = {k.replace("_", "-"): v for k, v in headers.items()}
-    return forwarded_hops(CIMultiDictProxy(CIMultiDict(names)))
+    return forwarded_hops(CIMultiDictProxy(CIMultiDict(names)), header)
 
 
 @pytest.mark.parametrize(
@@ -45,11 +45,15 @@ def test_the_rightmost_untrusted_hop_is_the_client(peer: str, hops: list[str], c
 def test_forwarding_headers_are_parsed() -> None:
     assert _hops(X_Forwarded_For="198.51.100.1, 203.0.113.7") == ["198.51.100.1", "203.0.113.7"]
     forwarded = 'for=198.51.100.1;proto=https, for="[2001:db8::5]:4711", for=_hidden'
-    assert _hops(Forwarded=forwarded, X_Forwarded_For="ignored") == [
+    assert _hops("forwarded", Forwarded=forwarded, X_Forwarded_For="ignored") == [
         "198.51.100.1",
         "2001:db8::5",
         "_hidden",
     ]
+    # Only the configured header is read: a client's own copy of the other one is not.
+    assert _hops(Forwarded="for=203.0.113.9", X_Forwarded_For="198.51.100.1") == ["198.51.100.1"]
+    assert _hops(Forwarded="for=203.0.113.9") == []
+    assert _hops("forwarded", X_Forwarded_For="198.51.100.1") == []
 
 
 def test_a_bad_proxy_entry_is_refused_naming_the_key() -> None:
@@ -94,3 +98,28 @@ async def test_forged_headers_from_an_untrusted_peer_are_ignored(tmp_path: Path)
     async with TestClient(TestServer(build_app(_settings(tmp_path)))) as client:
         # No trusted proxies: every "client" is 127.0.0.1, one bucket.
         assert await _offer_statuses(client, "203.0.113.7", "203.0.113.8") == [404, 429]
+
+
+async def test_only_the_configured_forwarding_header_is_read(tmp_path: Path) -> None:
+    """nginx appends to X-Forwarded-For and passes a client's own Forwarded on: a forged
+    Forwarded must not move the client into another rate-limit bucket."""
+    settings = _settings(tmp_path, trusted_proxies=["127.0.0.1"])
+    async with TestClient(TestServer(build_app(settings))) as client:
+        statuses = []
+        for forged in ("for=198.51.100.1", "for=198.51.100.2"):
+            response = await client.post(
+                "/offer",
+                json={"sdp": "v=0", "type": "offer"},
+                headers={"X-Forwarded-For": "203.0.113.7", "Forwarded": forged},
+            )
+            statuses.append(response.status)
+        assert statuses == [404, 429]  # both counted as 203.0.113.7
+    settings = _settings(tmp_path, trusted_proxies=["127.0.0.1"], forwarded_header="forwarded")
+    async with TestClient(TestServer(build_app(settings))) as client:
+        for forwarded in ("for=198.51.100.1", "for=198.51.100.2"):
+            response = await client.post(
+                "/offer",
+                json={"sdp": "v=0", "type": "offer"},
+                headers={"Forwarded": forwarded, "X-Forwarded-For": "203.0.113.7"},
+            )
+            assert response.status == 404  # two clients, two buckets: past the limiter

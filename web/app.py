@@ -50,7 +50,7 @@ def build_app(
     app = web.Application(
         middlewares=[
             guard.middleware,
-            client_address_middleware(server.trusted_proxies),
+            client_address_middleware(server.trusted_proxies, server.forwarded_header),
             cors_middleware(server.cors_origins),
             error_middleware,
         ]

@@ -73,7 +73,9 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     app = web.Application(
         middlewares=[
             guard.middleware,
-            client_address_middleware(settings.server.trusted_proxies),
+            client_address_middleware(
+                settings.server.trusted_proxies, settings.server.forwarded_header
+            ),
             cors_middleware(settings.server.cors_origins),
             error_middleware,
         ]
