@@ -46,7 +46,7 @@ ENV LIPSTREAM_SERVER__HOST=0.0.0.0 \
 VOLUME ["/var/lib/lipstream"]
 EXPOSE 8080/tcp
 
-# The first start generates the demo avatar (about a minute on two cores): start period.
+# A generous start period: the first start may generate the demo avatar into the volume.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=180s --retries=3 \
     CMD ["lipstream", "health", "--timeout", "5"]
 # SIGTERM drains live calls for server.drain_timeout_s (default 30 s): stop with a longer
