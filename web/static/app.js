@@ -1,13 +1,12 @@
-// lipstream demo page: one WebRTC call to the server, controls that make the avatar
-// speak, and live receive stats (also published as window.lipstreamStats for tests).
-//
-// Signalling is one HTTP exchange: aiortc has no trickle ICE, so the offer is sent only
-// once ICE gathering is complete and carries every candidate.
+// lipstream demo page: the UI around one call made with ./lipstream.js (the browser
+// client any page can use). It publishes, for tests, window.lipstreamStats (the call's
+// receive stats, refreshed every second) and window.lipstreamEvents (the server events
+// received on the call's data channel, in order).
 
-const ICE_GATHERING_TIMEOUT_MS = 5000;
-const CONNECT_TIMEOUT_MS = 20000;
+import { connect, listAvatars, LipstreamError, openMicrophone } from "./lipstream.js";
+
 const STATS_INTERVAL_MS = 1000;
-const HANG_UP_TIMEOUT_MS = 5000;
+const EVENT_LOG_LENGTH = 200;
 
 const EMPTY_STATS = Object.freeze({
   fps: null,
@@ -33,6 +32,8 @@ const ui = {
   say: $("say"),
   status: $("status"),
   video: $("video"),
+  speaking: $("avatar-speaking"),
+  eventLog: $("event-log"),
   stats: {
     state: $("stat-state"),
     fps: $("stat-fps"),
@@ -47,49 +48,8 @@ const ui = {
 const rawAudio = new URLSearchParams(location.search).get("raw_audio") === "1";
 
 let avatarsLoaded = false;
-// The call in progress: {pc, sessionId, localStream, statsTimer, connectTimer}, or null.
-let call = null;
-
-class ApiError extends Error {
-  constructor(status, code, message) {
-    super(message);
-    this.name = "ApiError";
-    this.status = status;
-    this.code = code;
-  }
-}
-
-/** fetch() a JSON API; a non-2xx answer throws ApiError with the server's message. */
-async function api(method, path, { json, body, contentType, timeoutMs } = {}) {
-  const init = { method, headers: {} };
-  if (timeoutMs) init.signal = AbortSignal.timeout(timeoutMs);
-  if (json !== undefined) {
-    init.body = JSON.stringify(json);
-    init.headers["Content-Type"] = "application/json";
-  } else if (body !== undefined) {
-    init.body = body;
-    init.headers["Content-Type"] = contentType;
-  }
-  let response;
-  try {
-    response = await fetch(path, init);
-  } catch (err) {
-    throw new Error(`Cannot reach the server (${method} ${path}): ${err.message}`);
-  }
-  const text = await response.text();
-  let data = null;
-  try {
-    data = text ? JSON.parse(text) : null;
-  } catch {
-    data = null; // an error page from a proxy, say: report the HTTP status instead
-  }
-  if (!response.ok) {
-    const message =
-      data?.error?.message ?? `${method} ${path} failed: HTTP ${response.status} ${response.statusText}`;
-    throw new ApiError(response.status, data?.error?.code ?? "http_error", message);
-  }
-  return data;
-}
+// The call being made or in progress: {abort, call, microphone, statsTimer, speaking}, or null.
+let current = null;
 
 function showStatus(text, kind = "info") {
   ui.status.textContent = text;
@@ -125,93 +85,50 @@ function publishStats(stats) {
   ui.stats.rtt.textContent = stats.rttMs == null ? dash : `${stats.rttMs} ms`;
 }
 
-/** Pick the figures the page shows out of an RTCStatsReport (Chromium, Firefox, Safari). */
-function readStats(report, state) {
-  let video = null;
-  let selectedPairId = null;
-  const pairs = [];
-  for (const s of report.values()) {
-    if (s.type === "inbound-rtp" && (s.kind ?? s.mediaType) === "video") video = s;
-    else if (s.type === "transport" && s.selectedCandidatePairId) selectedPairId = s.selectedCandidatePairId;
-    else if (s.type === "candidate-pair") pairs.push(s);
-  }
-  const pair =
-    pairs.find((p) => p.id === selectedPairId) ??
-    pairs.find((p) => p.selected) ?? // Firefox marks the pair instead of the transport
-    pairs.find((p) => p.nominated && p.state === "succeeded");
-  const codec = video?.codecId ? report.get(video.codecId) : undefined;
-  const rtt = pair?.currentRoundTripTime;
-  return {
-    fps: video?.framesPerSecond ?? null,
-    framesDecoded: video?.framesDecoded ?? 0,
-    width: video?.frameWidth ?? (ui.video.videoWidth || null),
-    height: video?.frameHeight ?? (ui.video.videoHeight || null),
-    codec: codec?.mimeType ?? null,
-    rttMs: rtt == null ? null : Math.round(rtt * 10000) / 10,
-    state,
-    timestamp: video?.timestamp ?? null,
-  };
-}
-
-async function updateStats(current) {
-  if (call !== current) return;
+async function updateStats(live) {
   try {
-    const report = await current.pc.getStats();
-    if (call === current) publishStats(readStats(report, current.pc.connectionState));
+    const stats = await live.call.stats();
+    if (current !== live) return;
+    stats.width ??= ui.video.videoWidth || null;
+    stats.height ??= ui.video.videoHeight || null;
+    publishStats(stats);
   } catch (err) {
     console.warn("getStats failed", err); // the next tick tries again
   }
 }
 
-/** Resolve once ICE gathering is complete, or after timeoutMs with what was gathered. */
-function iceGatheringComplete(pc, timeoutMs) {
-  if (pc.iceGatheringState === "complete") return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      pc.removeEventListener("icegatheringstatechange", check);
-      resolve();
-    };
-    const check = () => {
-      if (pc.iceGatheringState === "complete") done();
-    };
-    const timer = setTimeout(done, timeoutMs);
-    pc.addEventListener("icegatheringstatechange", check);
-  });
+/** Show whether the avatar is speaking: some utterance has started and not ended. */
+function showSpeaking(live) {
+  const speaking = live !== null && live.speaking.size > 0;
+  ui.speaking.textContent = speaking ? "speaking" : "idle";
+  ui.speaking.dataset.speaking = String(speaking);
 }
 
-async function openMicrophone() {
-  if (!navigator.mediaDevices?.getUserMedia) {
-    throw new Error(
-      "This page cannot use a microphone: browsers allow it only over HTTPS or on localhost. " +
-        "Start without microphone instead.",
-    );
+function describe(event) {
+  const parts = [];
+  if (event.utterance != null) parts.push(`utterance ${event.utterance}`);
+  if (event.source) parts.push(event.source);
+  if (event.utterances) parts.push(`utterances ${event.utterances.join(", ") || "none"}`);
+  for (const key of ["queued_ms", "duration_ms", "dropped_ms"]) {
+    if (typeof event[key] === "number") parts.push(`${key.replace("_ms", "")} ${Math.round(event[key])} ms`);
   }
-  const processing = !rawAudio;
-  try {
-    return await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing },
-      video: false,
-    });
-  } catch (err) {
-    if (err.name === "NotAllowedError") {
-      throw new Error("Microphone access was denied: allow it for this site, or start without microphone.");
-    }
-    if (err.name === "NotFoundError") {
-      throw new Error("No microphone was found: connect one, or start without microphone.");
-    }
-    throw err;
-  }
+  if (event.reason) parts.push(event.reason);
+  return `#${event.seq ?? "?"} ${event.type}${parts.length ? `: ${parts.join(", ")}` : ""}`;
 }
 
-function attachTrack(event) {
-  let stream = event.streams[0];
-  if (!stream) {
-    // A track without a stream id: collect the tracks in a stream of our own.
-    stream = ui.video.srcObject instanceof MediaStream ? ui.video.srcObject : new MediaStream();
-    stream.addTrack(event.track);
-  }
-  if (ui.video.srcObject !== stream) ui.video.srcObject = stream;
+function onServerEvent(live, event) {
+  if (current !== live) return;
+  window.lipstreamEvents.push(Object.freeze({ ...event }));
+  if (window.lipstreamEvents.length > EVENT_LOG_LENGTH) window.lipstreamEvents.shift();
+  if (event.type === "speech_started") live.speaking.add(event.utterance);
+  else if (event.type === "speech_ended") live.speaking.delete(event.utterance);
+  else if (event.type === "interrupted" || event.type === "session_ended") live.speaking.clear();
+  showSpeaking(live);
+  if (event.type !== "queued_ms") ui.eventLog.textContent = describe(event); // it comes often
+}
+
+function attachStream(stream) {
+  ui.video.srcObject = stream;
   ui.video.play().catch((err) => {
     if (err.name === "NotAllowedError") {
       ui.video.controls = true;
@@ -220,124 +137,87 @@ function attachTrack(event) {
   });
 }
 
-function onConnectionState(current) {
-  if (call !== current) return;
-  const state = current.pc.connectionState;
-  publishStats({ ...window.lipstreamStats, state });
-  if (state === "connected") {
-    clearTimeout(current.connectTimer);
-    setCallState("connected");
-    showStatus(current.localStream ? "Connected: speak, and the avatar lip-syncs your voice." : "Connected.");
-  } else if (state === "disconnected") {
-    showStatus("The connection was interrupted; waiting for it to recover…", "error");
-  } else if (state === "failed") {
-    fail(
-      current,
-      new Error(
-        "The media connection failed. If the server is on another network, " +
-          "it needs a TURN server in server.ice_servers.",
-      ),
-    );
-  }
-}
-
-/** End `current` because of `err` (unless it has already ended) and show why. */
-function fail(current, err) {
-  if (call !== current) return;
-  hangUp().catch((deleteErr) => console.warn("hang-up after failure", deleteErr));
-  showError(err);
+/** The page goes idle: the call (if any) is over as far as the page is concerned. */
+function resetPage(live) {
+  if (current !== live) return;
+  current = null;
+  clearInterval(live.statsTimer);
+  live.abort.abort();
+  for (const track of live.microphone?.getTracks() ?? []) track.stop();
+  ui.video.srcObject = null;
+  publishStats({ ...EMPTY_STATS });
+  showSpeaking(null);
+  setCallState("idle");
 }
 
 async function start(withMic) {
-  if (call) return;
+  if (current) return;
   const avatar = ui.avatar.value;
   if (!avatar) {
     showStatus("Pick an avatar first.", "error");
     return;
   }
-  const current = { pc: null, sessionId: null, localStream: null, statsTimer: null, connectTimer: null };
-  call = current;
+  const live = { abort: new AbortController(), call: null, microphone: null, statsTimer: null, speaking: new Set() };
+  current = live;
+  window.lipstreamEvents = [];
+  ui.eventLog.textContent = "–";
   setCallState("connecting");
   try {
     if (withMic) {
       showStatus("Asking for the microphone…");
-      current.localStream = await openMicrophone();
-      if (call !== current) {
-        for (const track of current.localStream.getTracks()) track.stop();
+      live.microphone = await openMicrophone({ raw: rawAudio });
+      if (current !== live) {
+        for (const track of live.microphone.getTracks()) track.stop();
         return;
       }
     }
     showStatus("Connecting…");
-    const config = await api("GET", "/webrtc-config");
-    if (call !== current) return;
-    const pc = new RTCPeerConnection({ iceServers: config?.iceServers ?? [] });
-    current.pc = pc;
-    pc.addEventListener("track", attachTrack);
-    pc.addEventListener("connectionstatechange", () => onConnectionState(current));
-    pc.addTransceiver("video", { direction: "recvonly" });
-    const micTrack = current.localStream?.getAudioTracks()[0];
-    if (micTrack) {
-      pc.addTransceiver(micTrack, { direction: "sendrecv", streams: [current.localStream] });
-    } else {
-      pc.addTransceiver("audio", { direction: "recvonly" });
-    }
-    await pc.setLocalDescription(await pc.createOffer());
-    await iceGatheringComplete(pc, ICE_GATHERING_TIMEOUT_MS);
-    if (call !== current) return;
-    const offer = pc.localDescription;
-    const answer = await api("POST", "/offer", { json: { sdp: offer.sdp, type: offer.type, avatar } });
-    if (call !== current) {
-      // Hung up while the server was answering: end the session it just made.
-      await endSession(answer.session_id);
-      return;
-    }
-    current.sessionId = answer.session_id;
-    await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
-    current.statsTimer = setInterval(() => updateStats(current), STATS_INTERVAL_MS);
-    current.connectTimer = setTimeout(() => {
-      if (pc.connectionState !== "connected") {
-        fail(current, new Error(`No media connection after ${CONNECT_TIMEOUT_MS / 1000} s.`));
-      }
-    }, CONNECT_TIMEOUT_MS);
-    showStatus("Connecting media…");
+    const call = await connect({ avatar, microphone: live.microphone, signal: live.abort.signal });
+    live.call = call;
+    call.addEventListener("event", (event) => onServerEvent(live, event.detail));
+    call.addEventListener("connectionstatechange", (event) => onConnectionState(live, event.detail.state));
+    call.addEventListener("ended", (event) => onEnded(live, event.detail));
+    attachStream(call.stream);
+    live.statsTimer = setInterval(() => updateStats(live), STATS_INTERVAL_MS);
+    publishStats({ ...window.lipstreamStats, state: call.pc.connectionState });
+    setCallState("connected");
+    showStatus(live.microphone ? "Connected: speak, and the avatar lip-syncs your voice." : "Connected.");
   } catch (err) {
-    if (call === current) fail(current, err);
-    else showError(err);
+    if (current !== live) return; // hung up while connecting: nothing to report
+    resetPage(live);
+    showError(err);
   }
 }
 
-/** End a session on the server; one that has already ended is fine. */
-async function endSession(sessionId) {
-  try {
-    await api("DELETE", `/sessions/${encodeURIComponent(sessionId)}`, { timeoutMs: HANG_UP_TIMEOUT_MS });
-  } catch (err) {
-    if (!(err instanceof ApiError && err.status === 404)) throw err;
+function onConnectionState(live, state) {
+  if (current !== live) return;
+  publishStats({ ...window.lipstreamStats, state });
+  if (state === "disconnected") {
+    showStatus("The connection was interrupted; waiting for it to recover…", "error");
+  } else if (state === "connected") {
+    showStatus("Connected.");
   }
+}
+
+/** The call ended without the hang-up button: the connection failed or the server ended it. */
+function onEnded(live, { reason, error }) {
+  if (current !== live) return;
+  resetPage(live);
+  if (error) showError(error);
+  else showStatus(`The call ended: ${reason}.`);
 }
 
 /** End the call: the page goes idle at once; rejects if the server refuses the hang-up. */
 async function hangUp() {
-  const current = call;
-  if (!current) return;
-  call = null;
-  clearInterval(current.statsTimer);
-  clearTimeout(current.connectTimer);
-  ui.video.srcObject = null;
-  publishStats({ ...EMPTY_STATS });
-  setCallState("idle");
-  try {
-    if (current.sessionId) await endSession(current.sessionId);
-  } finally {
-    // Close only after the server has answered: a closed connection makes the server end
-    // the session on its own, and the hang-up would then race it.
-    current.pc?.close();
-    for (const track of current.localStream?.getTracks() ?? []) track.stop();
-  }
+  const live = current;
+  if (!live) return;
+  resetPage(live); // aborts a call still connecting: connect() ends the session it made
+  await live.call?.hangUp();
 }
 
-function sessionPath(action) {
-  if (!call?.sessionId) throw new Error("Start a call first.");
-  return `/sessions/${encodeURIComponent(call.sessionId)}/${action}`;
+function liveCall() {
+  if (!current?.call) throw new Error("Start a call first.");
+  return current.call;
 }
 
 function queued(data) {
@@ -346,10 +226,10 @@ function queued(data) {
 }
 
 async function playSample() {
-  const path = sessionPath("audio");
+  const call = liveCall();
   const wav = await fetch("/static/sample.wav");
   if (!wav.ok) throw new Error(`Cannot load the sample: HTTP ${wav.status}`);
-  const data = await api("POST", path, { body: await wav.blob(), contentType: "audio/wav" });
+  const data = await call.pushAudio(await wav.blob(), "audio/wav");
   showStatus(`Speaking the sample${queued(data)}.`);
 }
 
@@ -359,19 +239,19 @@ async function say() {
     showStatus("Type something for the avatar to say.", "error");
     return;
   }
-  const data = await api("POST", sessionPath("say"), { json: { text } });
+  const data = await liveCall().say(text);
   showStatus(`Saying “${text}”${queued(data)}.`);
 }
 
 async function interrupt() {
-  await api("POST", sessionPath("interrupt"));
+  // Over HTTP, so the page reports what the server did rather than what it sent.
+  await liveCall().interrupt({ transport: "http" });
   showStatus("Interrupted.");
 }
 
 async function loadAvatars() {
   try {
-    const data = await api("GET", "/avatars");
-    const avatars = data?.avatars ?? [];
+    const avatars = await listAvatars();
     if (avatars.length === 0) {
       ui.avatar.replaceChildren(new Option("No avatars installed", ""));
       showStatus("The server has no avatars: add one under avatars.root or enable the demo.", "error");
@@ -391,7 +271,10 @@ async function loadAvatars() {
 function handle(action) {
   return (event) => {
     event?.preventDefault();
-    action().catch(showError);
+    action().catch((err) => {
+      if (err instanceof LipstreamError && err.code === "call_ended") showStatus("The call has ended.");
+      else showError(err);
+    });
   };
 }
 
@@ -407,15 +290,10 @@ ui.hangUp.addEventListener(
 ui.playSample.addEventListener("click", handle(playSample));
 ui.interrupt.addEventListener("click", handle(interrupt));
 ui.sayForm.addEventListener("submit", handle(say));
-window.addEventListener("pagehide", () => {
-  // Leaving the page: end the session without waiting (keepalive outlives the page).
-  if (call?.sessionId) {
-    fetch(`/sessions/${encodeURIComponent(call.sessionId)}`, { method: "DELETE", keepalive: true })
-      .catch(() => {}); // the page is going away: nobody is left to tell
-  }
-  call?.pc?.close();
-});
+// Leaving the page: lipstream.js ends the call itself (a keepalive DELETE).
 
+window.lipstreamEvents = [];
 publishStats({ ...EMPTY_STATS });
+showSpeaking(null);
 setCallState("idle");
 loadAvatars();

@@ -1,0 +1,748 @@
+// lipstream.js: the browser client for a lipstream server (docs/apps.md). An ES module
+// with no dependencies and no build step; the server serves it at /static/lipstream.js
+// and any page may import it, from any origin the server lists in server.cors_origins.
+//
+//   import { connect, openMicrophone, LipstreamError } from "https://avatar.example/static/lipstream.js";
+//
+//   const call = await connect({ baseUrl: "https://avatar.example", avatar: "demo", token });
+//   document.querySelector("video").srcObject = call.stream;     // H.264 video + audio
+//   call.addEventListener("speech_started", (e) => console.log("speaking", e.detail.utterance));
+//   call.addEventListener("speech_ended", (e) => console.log("done", e.detail.duration_ms));
+//   await call.say("Hello there!");                              // 202: {queued_ms, utterance}
+//   await call.interrupt();                                      // the avatar stops at once
+//
+//   const stream = await call.streamAudio({ format: "f32le", rate: 24000 });
+//   stream.send(float32Chunk);                                   // TTS output as it arrives
+//   stream.end();                                                // the utterance is complete
+//   await call.hangUp();
+//
+// Every error the server answers ({"error": {"code", "message"}}) rejects with a
+// LipstreamError carrying its HTTP status, code and Retry-After.
+//
+// Signalling is one HTTP exchange: the server does not trickle ICE, so the offer is sent
+// once ICE gathering is complete (or has run for iceGatheringTimeoutMs) with every
+// candidate in it.
+
+const DEFAULT_ICE_GATHERING_TIMEOUT_MS = 5000;
+const DEFAULT_CONNECT_TIMEOUT_MS = 20000;
+const HANG_UP_TIMEOUT_MS = 5000;
+const EVENTS_CHANNEL = "lipstream";
+const STREAM_RATES = Object.freeze([16000, 22050, 24000, 44100, 48000]);
+const STREAM_FORMATS = Object.freeze(["s16le", "f32le"]);
+// Typed arrays use the platform's byte order; the wire is little-endian.
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/**
+ * What went wrong, for any failure of this module. `status` is the HTTP status of the
+ * server's answer, or 0 when no answer was involved; `code` is the server's error code
+ * (`model_not_found`, `session_not_found`, `unauthorized`, `rate_limited`,
+ * `bad_stream_format`, …) or one of this module's own: `network_error`, `http_error` (an
+ * answer without a JSON error body, e.g. from a proxy), `insecure_context`,
+ * `microphone_denied`, `no_microphone`, `connect_timeout`, `connection_failed`,
+ * `stream_failed`, `stream_closed`, `call_ended`.
+ */
+export class LipstreamError extends Error {
+  /**
+   * @param {number} status HTTP status, 0 when there was no HTTP answer
+   * @param {string} code machine-readable cause
+   * @param {string} message what happened, for a person
+   * @param {{retryAfter?: number|null, cause?: unknown}} [options]
+   */
+  constructor(status, code, message, { retryAfter = null, cause } = {}) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.name = "LipstreamError";
+    /** @type {number} */
+    this.status = status;
+    /** @type {string} */
+    this.code = code;
+    /** Seconds to wait before trying again (the Retry-After header), or null. @type {number|null} */
+    this.retryAfter = retryAfter;
+  }
+}
+
+/** The server that served this module, by default (its /static/ parent, proxy prefix kept). */
+function baseOf(baseUrl) {
+  const base = new URL(baseUrl ?? new URL("..", import.meta.url), globalThis.location?.href);
+  if (!base.pathname.endsWith("/")) base.pathname += "/";
+  return base;
+}
+
+function urlOf(baseUrl, path) {
+  return new URL(path.replace(/^\/+/, ""), baseOf(baseUrl));
+}
+
+function sessionPath(sessionId, action = "") {
+  return `sessions/${encodeURIComponent(sessionId)}${action ? `/${action}` : ""}`;
+}
+
+function retryAfterOf(response) {
+  const value = response.headers.get("Retry-After");
+  if (value == null) return null;
+  const seconds = Number(value);
+  if (Number.isFinite(seconds)) return seconds;
+  const date = Date.parse(value);
+  return Number.isNaN(date) ? null : Math.max(0, Math.ceil((date - Date.now()) / 1000));
+}
+
+/** A LipstreamError from a non-2xx answer (its JSON error body, else its status line). */
+async function errorFrom(response, what) {
+  let data = null;
+  try {
+    data = JSON.parse(await response.text());
+  } catch {
+    data = null; // an error page from a proxy, say: report the HTTP status instead
+  }
+  const error = data?.error;
+  const retryAfter = retryAfterOf(response);
+  if (error && typeof error.code === "string") {
+    return new LipstreamError(response.status, error.code, error.message || error.code, { retryAfter });
+  }
+  const message = `${what} failed: HTTP ${response.status} ${response.statusText}`.trim();
+  return new LipstreamError(response.status, "http_error", message, { retryAfter });
+}
+
+/**
+ * fetch() a JSON API. Resolves the parsed body (null when empty); rejects with a
+ * LipstreamError.
+ */
+async function request(baseUrl, method, path, { json, body, contentType, token, timeoutMs, signal } = {}) {
+  const url = urlOf(baseUrl, path);
+  const headers = {};
+  const init = { method, headers, mode: "cors" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (json !== undefined) {
+    init.body = JSON.stringify(json);
+    headers["Content-Type"] = "application/json";
+  } else if (body !== undefined) {
+    init.body = body;
+    if (contentType) headers["Content-Type"] = contentType;
+  }
+  const signals = [signal, timeoutMs ? AbortSignal.timeout(timeoutMs) : null].filter(Boolean);
+  if (signals.length) init.signal = signals.length > 1 && AbortSignal.any ? AbortSignal.any(signals) : signals[0];
+  const what = `${method} ${url.pathname}`;
+  let response;
+  try {
+    response = await fetch(url, init);
+  } catch (err) {
+    if (signal?.aborted) throw signal.reason;
+    throw new LipstreamError(0, "network_error", `Cannot reach the server (${what}): ${err.message}`, {
+      cause: err,
+    });
+  }
+  if (!response.ok) throw await errorFrom(response, what);
+  const text = await response.text();
+  try {
+    return text ? JSON.parse(text) : null;
+  } catch (err) {
+    throw new LipstreamError(response.status, "http_error", `${what} answered something that is not JSON`, {
+      cause: err,
+    });
+  }
+}
+
+/**
+ * The avatars a caller may pick.
+ * @param {string|URL} [baseUrl] the server (default: the one that served this module)
+ * @param {{token?: string}} [options]
+ * @returns {Promise<Array<{id: string, name: string}>>}
+ */
+export async function listAvatars(baseUrl, { token } = {}) {
+  const data = await request(baseUrl, "GET", "avatars", { token });
+  return data?.avatars ?? [];
+}
+
+/**
+ * The server's WebRTC configuration: `iceServers` (STUN/TURN, ready for
+ * `new RTCPeerConnection()`) and `delay` (what the server adds, and what a browser
+ * typically adds on top).
+ * @param {string|URL} [baseUrl] the server (default: the one that served this module)
+ * @param {{token?: string}} [options]
+ * @returns {Promise<{iceServers: RTCIceServer[], delay: object}>}
+ */
+export async function webrtcConfig(baseUrl, { token } = {}) {
+  return (await request(baseUrl, "GET", "webrtc-config", { token })) ?? { iceServers: [] };
+}
+
+/**
+ * Ask for the microphone, with a message a person can act on when it cannot be had
+ * (rejects with a LipstreamError: `insecure_context`, `microphone_denied`, `no_microphone`).
+ * @param {{raw?: boolean}} [options] raw: turn the browser's echo cancellation, noise
+ *   suppression and gain control off (they can eat synthetic speech)
+ * @returns {Promise<MediaStream>}
+ */
+export async function openMicrophone({ raw = false } = {}) {
+  if (!navigator.mediaDevices?.getUserMedia) {
+    throw new LipstreamError(
+      0,
+      "insecure_context",
+      "This page cannot use a microphone: browsers allow it only over HTTPS or on localhost. " +
+        "Start without microphone instead.",
+    );
+  }
+  const processing = !raw;
+  try {
+    return await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing },
+      video: false,
+    });
+  } catch (err) {
+    if (err.name === "NotAllowedError" || err.name === "SecurityError") {
+      throw new LipstreamError(
+        0,
+        "microphone_denied",
+        "Microphone access was denied: allow it for this site, or start without microphone.",
+        { cause: err },
+      );
+    }
+    if (err.name === "NotFoundError" || err.name === "OverconstrainedError") {
+      throw new LipstreamError(0, "no_microphone", "No microphone was found: connect one, or start without microphone.", {
+        cause: err,
+      });
+    }
+    throw err;
+  }
+}
+
+/** Resolve once ICE gathering is complete, or after timeoutMs with what was gathered. */
+function iceGatheringComplete(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const check = () => {
+      if (pc.iceGatheringState === "complete") done();
+    };
+    const timer = setTimeout(done, timeoutMs);
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+function connectionFailed() {
+  return new LipstreamError(
+    0,
+    "connection_failed",
+    "The media connection failed. If the server is on another network, it needs a TURN server " +
+      "in server.ice_servers (or turn.urls and turn.secret).",
+  );
+}
+
+function abortError(signal) {
+  return signal.reason ?? new DOMException("The call was aborted.", "AbortError");
+}
+
+/**
+ * Start a call: one WebRTC session with an avatar. Resolves once the media connection
+ * (and the events data channel, when asked for) is up.
+ *
+ * @param {object} options
+ * @param {string|URL} [options.baseUrl] the server (default: the one that served this module)
+ * @param {string} [options.avatar] avatar id (see listAvatars); the server's default is `demo`
+ * @param {string} [options.token] session token, when the server has auth.jwt_secret set
+ * @param {MediaStream|null} [options.microphone] audio to send: the avatar lip-syncs it
+ *   (see openMicrophone); the caller keeps ownership and stops its tracks
+ * @param {boolean} [options.receiveAudio=true] receive the avatar's audio with the video
+ * @param {boolean} [options.dataChannel=true] open the `lipstream` data channel: speech
+ *   events arrive on the call, and interrupt() uses it
+ * @param {number} [options.iceGatheringTimeoutMs=5000] send the offer after this long
+ *   even if ICE gathering has not completed
+ * @param {number} [options.connectTimeoutMs=20000] how long the media connection may take
+ *   once the server has answered (rejects with `connect_timeout`)
+ * @param {AbortSignal} [options.signal] aborts the attempt (a session already made is ended)
+ * @returns {Promise<Call>}
+ */
+export async function connect({
+  baseUrl,
+  avatar,
+  token,
+  microphone = null,
+  receiveAudio = true,
+  dataChannel = true,
+  iceGatheringTimeoutMs = DEFAULT_ICE_GATHERING_TIMEOUT_MS,
+  connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
+  signal,
+} = {}) {
+  signal?.throwIfAborted();
+  const config = await request(baseUrl, "GET", "webrtc-config", { token, signal });
+  signal?.throwIfAborted();
+  const pc = new RTCPeerConnection({ iceServers: config?.iceServers ?? [] });
+  const call = new Call(pc, { baseUrl, token });
+  try {
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const micTrack = microphone?.getAudioTracks()[0];
+    if (micTrack) {
+      pc.addTransceiver(micTrack, { direction: receiveAudio ? "sendrecv" : "sendonly", streams: [microphone] });
+    } else if (receiveAudio) {
+      pc.addTransceiver("audio", { direction: "recvonly" });
+    }
+    if (dataChannel) call._useChannel(pc.createDataChannel(EVENTS_CHANNEL));
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc, iceGatheringTimeoutMs);
+    signal?.throwIfAborted();
+    const offer = pc.localDescription;
+    // Not aborted midway: the server may have made the session, and only its answer names it.
+    const answer = await request(baseUrl, "POST", "offer", {
+      json: { sdp: offer.sdp, type: offer.type, avatar: avatar || undefined },
+      token,
+    });
+    call._started(answer);
+    signal?.throwIfAborted(); // aborted while the server answered: end the session it made
+    await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+    await call._connected(connectTimeoutMs, signal);
+    return call;
+  } catch (err) {
+    await call._end("connect failed", err, { hangUp: true }).catch(() => {});
+    throw signal?.aborted ? abortError(signal) : err;
+  }
+}
+
+/**
+ * A call in progress, made by connect(). An EventTarget dispatching:
+ * - each server event received on the `lipstream` data channel (docs/apps.md) as a
+ *   CustomEvent of its type (`speech_started`, `speech_ended`, `interrupted`, `queued_ms`,
+ *   `session_ended`, …) whose `detail` is the event's JSON; every one is also dispatched
+ *   as `event`, for logs;
+ * - `connectionstatechange` (detail: `{state}`, the peer connection's state);
+ * - `ended` once, when the call is over for any reason (detail: `{reason, error}`; error
+ *   is null after hangUp() and a server-side end, a LipstreamError after a failure).
+ */
+export class Call extends EventTarget {
+  /** @internal use connect() */
+  constructor(pc, { baseUrl, token }) {
+    super();
+    /** The peer connection. @type {RTCPeerConnection} */
+    this.pc = pc;
+    /** The server's session id (null until the server has answered). @type {string|null} */
+    this.sessionId = null;
+    /** The avatar's video and audio: attach it to a <video>. @type {MediaStream} */
+    this.stream = new MediaStream();
+    /** The delay the server adds to this call (`server_ms` and its parts). @type {object|null} */
+    this.delay = null;
+    /** The `lipstream` data channel, or null. @type {RTCDataChannel|null} */
+    this.dataChannel = null;
+    /** The `seq` of the last server event received (0: none yet). @type {number} */
+    this.lastSeq = 0;
+    this._baseUrl = baseUrl;
+    this._token = token;
+    this._ended = null; // the hang-up promise, once the call is ending
+    this._streams = new Set();
+    this._onPageHide = () => this._leavePage();
+    pc.addEventListener("track", (event) => {
+      if (!this.stream.getTrackById(event.track.id)) this.stream.addTrack(event.track);
+    });
+    pc.addEventListener("connectionstatechange", () => this._onConnectionState());
+    globalThis.addEventListener?.("pagehide", this._onPageHide);
+  }
+
+  /** True once the call has ended (or is ending). @type {boolean} */
+  get closed() {
+    return this._ended !== null;
+  }
+
+  /**
+   * Speak text through the server's text-to-speech engine.
+   * @param {string} text
+   * @param {{voice?: string}} [options] an engine voice such as `en`, `en-us`, `en+f3`
+   * @returns {Promise<{duration_ms: number, queued_ms: number, utterance?: number}>}
+   */
+  say(text, { voice } = {}) {
+    return this._request("POST", "say", { json: voice ? { text, voice } : { text } });
+  }
+
+  /**
+   * Speak audio: a file (WAV, MP3, OGG, FLAC…) or raw PCM, named by contentType
+   * (`audio/wav`, `audio/L16; rate=16000`, …; a Blob's own type by default).
+   * @param {Blob|ArrayBuffer|ArrayBufferView} audio
+   * @param {string} [contentType]
+   * @returns {Promise<{duration_ms: number, queued_ms: number, utterance?: number}>}
+   */
+  pushAudio(audio, contentType) {
+    const type = contentType || (audio instanceof Blob ? audio.type : "");
+    if (!type) return Promise.reject(new TypeError("pushAudio needs a contentType for this audio"));
+    return this._request("POST", "audio", { body: audio, contentType: type });
+  }
+
+  /**
+   * Drop queued audio and frames: the avatar is idle again at once. Sent on the data
+   * channel when it is open (an `interrupted` event follows), else as
+   * `POST /sessions/{id}/interrupt`; `{transport: "http"}` always uses the request.
+   * @param {{transport?: "auto"|"http"}} [options]
+   * @returns {Promise<{dropped_ms?: number, via: "datachannel"|"http"}>}
+   */
+  async interrupt({ transport = "auto" } = {}) {
+    if (transport !== "http" && this.dataChannel?.readyState === "open") {
+      this.dataChannel.send(JSON.stringify({ type: "interrupt" }));
+      return { via: "datachannel" };
+    }
+    return { ...(await this._request("POST", "interrupt")), via: "http" };
+  }
+
+  /**
+   * The session's state and counters (`GET /sessions/{id}`).
+   * @returns {Promise<object>}
+   */
+  state() {
+    return this._request("GET", "");
+  }
+
+  /**
+   * The figures a page shows, from the peer connection's stats: `fps`, `framesDecoded`,
+   * `width`, `height`, `codec` (e.g. `video/H264`), `rttMs`, `state` (the connection
+   * state) and `timestamp` (ms, the inbound video report's own clock).
+   * @returns {Promise<{fps: number|null, framesDecoded: number, width: number|null,
+   *   height: number|null, codec: string|null, rttMs: number|null, state: string,
+   *   timestamp: number|null}>}
+   */
+  async stats() {
+    return readStats(await this.pc.getStats(), this.pc.connectionState);
+  }
+
+  /**
+   * Open a WebSocket that streams PCM audio in as it is made (a streaming TTS, say):
+   * `GET /sessions/{id}/audio/stream`. Resolves once the server is ready; a refusal
+   * rejects with the server's LipstreamError (`bad_stream_format`, `stream_busy`, …).
+   * @param {{format?: "s16le"|"f32le", rate?: number}} [options] what send() is given
+   *   as ArrayBuffers; typed arrays are converted to it
+   * @returns {Promise<AudioStream>}
+   */
+  async streamAudio({ format = "s16le", rate = 16000 } = {}) {
+    this._requireLive();
+    if (!STREAM_FORMATS.includes(format) || !STREAM_RATES.includes(rate)) {
+      throw new LipstreamError(
+        0,
+        "bad_stream_format",
+        `a stream takes format ${STREAM_FORMATS.join(" or ")} at ${STREAM_RATES.join(", ")} Hz`,
+      );
+    }
+    const url = urlOf(this._baseUrl, sessionPath(this.sessionId, "audio/stream"));
+    url.search = new URLSearchParams({ format, rate: String(rate), channels: "1" }).toString();
+    if (this._token) url.searchParams.set("token", this._token); // browsers cannot set headers
+    const stream = new AudioStream(url, format, rate);
+    this._streams.add(stream);
+    stream.addEventListener("close", () => this._streams.delete(stream));
+    await stream._opened;
+    return stream;
+  }
+
+  /**
+   * End the call: the session on the server, then the peer connection. Resolves once the
+   * server has answered (a session it has already ended is fine); calling it again
+   * returns the same promise.
+   * @returns {Promise<void>}
+   */
+  hangUp() {
+    return this._end("hung up", null, { hangUp: true });
+  }
+
+  // --- internals ------------------------------------------------------------------------
+
+  _useChannel(channel) {
+    this.dataChannel = channel;
+    channel.addEventListener("message", (event) => {
+      if (typeof event.data !== "string") return;
+      let message;
+      try {
+        message = JSON.parse(event.data);
+      } catch {
+        console.warn("lipstream: a data channel message that is not JSON", event.data);
+        return;
+      }
+      if (message && typeof message.type === "string") this._serverEvent(message);
+    });
+  }
+
+  _serverEvent(message) {
+    if (typeof message.seq === "number") this.lastSeq = Math.max(this.lastSeq, message.seq);
+    this.dispatchEvent(new CustomEvent(message.type, { detail: message }));
+    this.dispatchEvent(new CustomEvent("event", { detail: message }));
+    if (message.type === "session_ended" && !this.closed) {
+      this._end(message.reason ?? "session ended", null, { hangUp: false });
+    }
+  }
+
+  _started(answer) {
+    this.sessionId = answer.session_id;
+    this.delay = answer.delay ?? null;
+  }
+
+  /** Resolve once connected (and the data channel is open); reject on failure or timeout. */
+  _connected(timeoutMs, signal) {
+    const channel = this.dataChannel;
+    const ready = () => this.pc.connectionState === "connected" && (!channel || channel.readyState === "open");
+    if (ready()) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const cleanup = () => {
+        clearTimeout(timer);
+        this.pc.removeEventListener("connectionstatechange", check);
+        channel?.removeEventListener("open", check);
+        channel?.removeEventListener("close", check);
+        signal?.removeEventListener("abort", check);
+      };
+      const check = () => {
+        let error = null;
+        if (signal?.aborted) error = abortError(signal);
+        else if (this.pc.connectionState === "failed" || this.pc.connectionState === "closed") {
+          error = connectionFailed();
+        } else if (channel?.readyState === "closed") {
+          error = new LipstreamError(0, "connection_failed", "The server closed the events data channel.");
+        }
+        if (error) {
+          cleanup();
+          reject(error);
+        } else if (ready()) {
+          cleanup();
+          resolve();
+        }
+      };
+      const timer = setTimeout(() => {
+        cleanup();
+        const what = this.pc.connectionState === "connected" ? "No events data channel" : "No media connection";
+        reject(new LipstreamError(0, "connect_timeout", `${what} after ${timeoutMs / 1000} s.`));
+      }, timeoutMs);
+      this.pc.addEventListener("connectionstatechange", check);
+      channel?.addEventListener("open", check);
+      channel?.addEventListener("close", check);
+      signal?.addEventListener("abort", check);
+    });
+  }
+
+  _onConnectionState() {
+    const state = this.pc.connectionState;
+    this.dispatchEvent(new CustomEvent("connectionstatechange", { detail: { state } }));
+    if (state === "failed" && !this.closed && this.sessionId) {
+      this._end("connection failed", connectionFailed(), { hangUp: true }).catch(() => {});
+    }
+  }
+
+  /** End the call once; `hangUp` ends the server's session first. */
+  _end(reason, error, { hangUp }) {
+    if (this._ended) return this._ended;
+    this._ended = (async () => {
+      globalThis.removeEventListener?.("pagehide", this._onPageHide);
+      for (const stream of this._streams) stream.close();
+      try {
+        if (hangUp && this.sessionId) await this._deleteSession();
+      } finally {
+        // Close only after the server has answered: a closed connection makes the server
+        // end the session on its own, and the hang-up would then race it.
+        this.pc.close();
+        this.dispatchEvent(new CustomEvent("connectionstatechange", { detail: { state: "closed" } }));
+        this.dispatchEvent(new CustomEvent("ended", { detail: { reason, error } }));
+      }
+    })();
+    return this._ended;
+  }
+
+  async _deleteSession() {
+    try {
+      await request(this._baseUrl, "DELETE", sessionPath(this.sessionId), {
+        token: this._token,
+        timeoutMs: HANG_UP_TIMEOUT_MS,
+      });
+    } catch (err) {
+      if (!(err instanceof LipstreamError && err.status === 404)) throw err;
+    }
+  }
+
+  /** Leaving the page: end the session without waiting (keepalive outlives the page). */
+  _leavePage() {
+    if (this.closed) return;
+    this._ended = Promise.resolve();
+    if (this.sessionId) {
+      const headers = this._token ? { Authorization: `Bearer ${this._token}` } : {};
+      fetch(urlOf(this._baseUrl, sessionPath(this.sessionId)), { method: "DELETE", headers, keepalive: true }).catch(
+        () => {}, // the page is going away: nobody is left to tell
+      );
+    }
+    for (const stream of this._streams) stream.close();
+    this.pc.close();
+  }
+
+  _requireLive() {
+    if (this.closed) throw new LipstreamError(0, "call_ended", "The call has ended.");
+    if (!this.sessionId) throw new LipstreamError(0, "call_ended", "The call has no session yet.");
+  }
+
+  async _request(method, action, options = {}) {
+    this._requireLive();
+    return request(this._baseUrl, method, sessionPath(this.sessionId, action), { ...options, token: this._token });
+  }
+}
+
+/**
+ * An audio stream into a call (Call.streamAudio()): PCM goes in as it is made, and the
+ * avatar starts speaking on the first chunk. An EventTarget dispatching each server
+ * message as a CustomEvent of its type (`ready`, `queued_ms`, `speech_started`,
+ * `speech_ended`, `interrupted`, `session_ended`, and `error` for a refused message:
+ * detail `{code, message, …}`, the stream stays open), each also as `message`; and
+ * `close` once (detail: `{code, reason, wasClean}`).
+ */
+export class AudioStream extends EventTarget {
+  /** @internal use Call.streamAudio() */
+  constructor(url, format, rate) {
+    super();
+    /** `s16le` or `f32le`: the bytes send() puts on the wire. @type {string} */
+    this.format = format;
+    /** Samples per second. @type {number} */
+    this.rate = rate;
+    /** The last `queued_ms` the server reported (audio waiting in the session). @type {number|null} */
+    this.queuedMs = null;
+    /** The server's `ready` message (max_buffer_ms…), once open. @type {object|null} */
+    this.ready = null;
+    this._url = url;
+    this._socket = new WebSocket(url.href.replace(/^http/, "ws"));
+    this._socket.binaryType = "arraybuffer";
+    this._opened = new Promise((resolve, reject) => {
+      this._resolveOpen = resolve;
+      this._rejectOpen = reject;
+    });
+    this._socket.addEventListener("message", (event) => this._onMessage(event));
+    this._socket.addEventListener("close", (event) => this._onClose(event));
+  }
+
+  /** Bytes queued in the browser, not yet sent (back-pressure). @type {number} */
+  get bufferedAmount() {
+    return this._socket.bufferedAmount;
+  }
+
+  /** True while audio can be sent. @type {boolean} */
+  get open() {
+    return this.ready !== null && this._socket.readyState === WebSocket.OPEN;
+  }
+
+  /**
+   * Send audio. An Int16Array or Float32Array (mono samples in [-1, 1] for floats) is
+   * converted to the stream's format; an ArrayBuffer must already be in it. Chunks longer
+   * than one second are split (the server takes at most 1 s per message).
+   * @param {Int16Array|Float32Array|ArrayBuffer} audio
+   */
+  send(audio) {
+    if (!this.open) throw new LipstreamError(0, "stream_closed", "The audio stream is not open.");
+    const bytes = toWireBytes(audio, this.format);
+    const width = this.format === "s16le" ? 2 : 4;
+    const step = this.rate * width;
+    for (let at = 0; at < bytes.byteLength; at += step) {
+      this._socket.send(bytes.subarray(at, Math.min(at + step, bytes.byteLength)));
+    }
+  }
+
+  /** The open utterance is complete: `speech_ended` follows once it has played. */
+  end() {
+    this._sendJson({ type: "end" });
+  }
+
+  /** Drop everything queued in the session (as Call.interrupt() does). */
+  interrupt() {
+    this._sendJson({ type: "interrupt" });
+  }
+
+  /** Close the stream; its open utterance plays out. */
+  close() {
+    if (this._socket.readyState <= WebSocket.OPEN) this._socket.close(1000);
+  }
+
+  _sendJson(message) {
+    if (!this.open) throw new LipstreamError(0, "stream_closed", "The audio stream is not open.");
+    this._socket.send(JSON.stringify(message));
+  }
+
+  _onMessage(event) {
+    if (typeof event.data !== "string") return;
+    let message;
+    try {
+      message = JSON.parse(event.data);
+    } catch {
+      console.warn("lipstream: a stream message that is not JSON", event.data);
+      return;
+    }
+    if (!message || typeof message.type !== "string") return;
+    if (message.type === "ready") {
+      this.ready = message;
+      this._resolveOpen(this);
+    }
+    if (typeof message.queued_ms === "number") this.queuedMs = message.queued_ms;
+    this.dispatchEvent(new CustomEvent(message.type, { detail: message }));
+    this.dispatchEvent(new CustomEvent("message", { detail: message }));
+  }
+
+  async _onClose(event) {
+    if (!this.ready) this._rejectOpen(await this._refusal(event));
+    this.dispatchEvent(
+      new CustomEvent("close", { detail: { code: event.code, reason: event.reason, wasClean: event.wasClean } }),
+    );
+  }
+
+  /**
+   * Why the stream did not open. Browsers hide a refused handshake's answer, so ask the
+   * same URL over plain HTTP: the server checks a stream before the upgrade and answers
+   * its JSON error (400 bad_stream_format, 401, 404, 409 stream_busy).
+   */
+  async _refusal(event) {
+    try {
+      await request(this._url.origin, "GET", this._url.pathname + this._url.search);
+    } catch (err) {
+      if (err instanceof LipstreamError && err.code !== "http_error" && err.code !== "network_error") return err;
+    }
+    const why = event.reason ? `: ${event.reason}` : "";
+    return new LipstreamError(0, "stream_failed", `The audio stream did not open (close code ${event.code}${why}).`);
+  }
+}
+
+/** The bytes of `audio` in `format` (little-endian), as a Uint8Array. */
+function toWireBytes(audio, format) {
+  if (audio instanceof ArrayBuffer) return new Uint8Array(audio);
+  if (audio instanceof Int16Array) {
+    if (format === "s16le") return littleEndian(audio, 2);
+    return littleEndian(Float32Array.from(audio, (s) => s / 32768), 4);
+  }
+  if (audio instanceof Float32Array) {
+    if (format === "f32le") return littleEndian(audio, 4);
+    const pcm = new Int16Array(audio.length);
+    for (let i = 0; i < audio.length; i++) {
+      const s = Math.max(-1, Math.min(1, audio[i]));
+      pcm[i] = Math.round(s < 0 ? s * 0x8000 : s * 0x7fff);
+    }
+    return littleEndian(pcm, 2);
+  }
+  throw new TypeError("send() takes an Int16Array, a Float32Array or an ArrayBuffer");
+}
+
+function littleEndian(samples, width) {
+  const bytes = new Uint8Array(samples.buffer, samples.byteOffset, samples.byteLength);
+  if (LITTLE_ENDIAN) return bytes;
+  const out = new Uint8Array(bytes.length);
+  for (let i = 0; i < bytes.length; i += width) {
+    for (let j = 0; j < width; j++) out[i + j] = bytes[i + width - 1 - j];
+  }
+  return out;
+}
+
+/** Pick the figures a page shows out of an RTCStatsReport (Chromium, Firefox, Safari). */
+function readStats(report, state) {
+  let video = null;
+  let selectedPairId = null;
+  const pairs = [];
+  for (const s of report.values()) {
+    if (s.type === "inbound-rtp" && (s.kind ?? s.mediaType) === "video") video = s;
+    else if (s.type === "transport" && s.selectedCandidatePairId) selectedPairId = s.selectedCandidatePairId;
+    else if (s.type === "candidate-pair") pairs.push(s);
+  }
+  const pair =
+    pairs.find((p) => p.id === selectedPairId) ??
+    pairs.find((p) => p.selected) ?? // Firefox marks the pair instead of the transport
+    pairs.find((p) => p.nominated && p.state === "succeeded");
+  const codec = video?.codecId ? report.get(video.codecId) : undefined;
+  const rtt = pair?.currentRoundTripTime;
+  return {
+    fps: video?.framesPerSecond ?? null,
+    framesDecoded: video?.framesDecoded ?? 0,
+    width: video?.frameWidth ?? null,
+    height: video?.frameHeight ?? null,
+    codec: codec?.mimeType ?? null,
+    rttMs: rtt == null ? null : Math.round(rtt * 10000) / 10,
+    state,
+    timestamp: video?.timestamp ?? null,
+  };
+}
