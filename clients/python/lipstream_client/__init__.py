@@ -1,0 +1,98 @@
+"""lipstream-client: call a lipstream talking-avatar server from Python (asyncio).
+
+:func:`connect` opens a WebRTC call with aiortc and returns a :class:`Call` (received
+video and audio frames, session events, session control); :class:`Client` is the HTTP
+side alone (text-to-speech, pushed audio, server-sent events, :class:`AudioStream`).
+Errors are :class:`LipstreamError` subclasses named after the server's error codes.
+
+This package talks to the server over its public protocol only: it must not import the
+server's packages (``config``, ``inference_core``, ``compositor``, ``streaming``,
+``web``), nor need onnxruntime or OpenCV.
+"""
+
+from __future__ import annotations
+
+from lipstream_client.audio_stream import AudioStream
+from lipstream_client.call import Call, connect
+from lipstream_client.errors import (
+    ERRORS_BY_CODE,
+    AudioQueueFull,
+    BadAudio,
+    BadFrame,
+    BadMessage,
+    BadRequest,
+    BadStreamFormat,
+    Conflict,
+    ConnectionFailed,
+    EventsOverflow,
+    Forbidden,
+    LipstreamError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    SessionNotFound,
+    StreamBusy,
+    StreamClosed,
+    TooManySessions,
+    TtsUnavailable,
+    Unauthorized,
+)
+from lipstream_client.http import Client
+from lipstream_client.models import (
+    Answer,
+    AudioFrame,
+    Avatar,
+    CallStats,
+    DelayBudget,
+    Event,
+    IceServer,
+    Queued,
+    QueueSizes,
+    VideoFrame,
+    WebRtcConfig,
+)
+from lipstream_client.sse import EventStream
+
+__all__ = [
+    "ERRORS_BY_CODE",
+    "Answer",
+    "AudioFrame",
+    "AudioQueueFull",
+    "AudioStream",
+    "Avatar",
+    "BadAudio",
+    "BadFrame",
+    "BadMessage",
+    "BadRequest",
+    "BadStreamFormat",
+    "Call",
+    "CallStats",
+    "Client",
+    "Conflict",
+    "ConnectionFailed",
+    "DelayBudget",
+    "Event",
+    "EventStream",
+    "EventsOverflow",
+    "Forbidden",
+    "IceServer",
+    "LipstreamError",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "QueueSizes",
+    "Queued",
+    "RateLimited",
+    "ServerError",
+    "SessionNotFound",
+    "StreamBusy",
+    "StreamClosed",
+    "TooManySessions",
+    "TtsUnavailable",
+    "Unauthorized",
+    "VideoFrame",
+    "WebRtcConfig",
+    "connect",
+]

@@ -1,0 +1,235 @@
+"""The HTTP side of a lipstream server: avatars, session control, events, audio streams."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+from aiohttp import (
+    ClientResponse,
+    ClientSession,
+    ClientTimeout,
+    ClientWebSocketResponse,
+    WSServerHandshakeError,
+)
+
+from lipstream_client.audio_stream import AudioStream
+from lipstream_client.errors import LipstreamError, error_for, error_from_body
+from lipstream_client.models import Answer, Avatar, Queued, WebRtcConfig
+from lipstream_client.pcm import STREAM_RATES, PcmFormat, pcm_format_for, to_pcm_bytes
+from lipstream_client.sse import EventStream
+
+logger = logging.getLogger(__name__)
+
+#: Events arrive at any time, with a keepalive every 15 s: no total timeout, and a read
+#: timeout that tolerates three missed keepalives.
+EVENTS_TIMEOUT = ClientTimeout(total=None, sock_read=45.0)
+
+# A refused WebSocket upgrade reaches aiohttp's client as a status without its body:
+# the codes docs/apps.md gives for each status.
+_HANDSHAKE_CODES: Mapping[int, str] = {
+    400: "bad_stream_format",
+    401: "unauthorized",
+    404: "session_not_found",
+    409: "stream_busy",
+}
+
+
+class Client:
+    """A lipstream server's HTTP API at ``base_url`` (``"http://127.0.0.1:8080"``).
+
+    ``token`` (a session JWT) is sent as ``Authorization: Bearer`` on every request.
+    Pass ``session`` to share an :class:`aiohttp.ClientSession` (it is not closed here);
+    otherwise one is made on first use and closed by :meth:`close`. Every method raises
+    a :class:`LipstreamError` subclass for an error answer (:mod:`lipstream_client.errors`)
+    and lets :class:`aiohttp.ClientError` through for a connection that failed.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        session: ClientSession | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._owns_session = session is None
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session, if this client made it."""
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- the server -------------------------------------------------------------------
+
+    async def avatars(self) -> list[Avatar]:
+        """The avatars a call may show, sorted by id."""
+        body = await self._json("GET", "/avatars")
+        return [Avatar(id=a["id"], name=a["name"]) for a in body["avatars"]]
+
+    async def webrtc_config(self) -> WebRtcConfig:
+        """ICE servers for the client (with per-client TURN credentials, if configured) and
+        the configured delay."""
+        return WebRtcConfig.from_json(await self._json("GET", "/webrtc-config"))
+
+    async def offer(self, sdp: str, avatar: str) -> Answer:
+        """Send a WebRTC offer (ICE fully gathered) for ``avatar``: the answer and the new
+        session. :func:`lipstream_client.connect` does this; use it with a peer
+        connection of your own."""
+        body = {"sdp": sdp, "type": "offer", "avatar": avatar}
+        return Answer.from_json(await self._json("POST", "/offer", json=body))
+
+    # -- a session --------------------------------------------------------------------
+
+    async def say(self, session_id: str, text: str, voice: str | None = None) -> Queued:
+        """Speak ``text`` through the server's text-to-speech engine."""
+        body: dict[str, str] = {"text": text}
+        if voice is not None:
+            body["voice"] = voice
+        return Queued.from_json(await self._json("POST", _session(session_id, "/say"), json=body))
+
+    async def push_audio(self, session_id: str, data: bytes, content_type: str) -> Queued:
+        """Speak a whole audio body: a file (``audio/wav``, ``audio/mpeg``, …) or raw PCM
+        (``audio/L16; rate=16000``: big-endian, RFC 2586)."""
+        answer = await self._json(
+            "POST",
+            _session(session_id, "/audio"),
+            data=data,
+            headers={"Content-Type": content_type},
+        )
+        return Queued.from_json(answer)
+
+    async def push_pcm(self, session_id: str, samples: np.ndarray, rate: int) -> Queued:
+        """Speak mono samples at ``rate`` Hz: float32 in [-1, 1] (sent as ``f32le``) or
+        int16 (sent as ``s16le``)."""
+        fmt = pcm_format_for(samples)
+        answer = await self._json(
+            "POST",
+            _session(session_id, "/audio"),
+            data=to_pcm_bytes(samples, fmt),
+            headers={"Content-Type": "application/octet-stream"},
+            params={"format": fmt, "rate": str(rate), "channels": "1"},
+        )
+        return Queued.from_json(answer)
+
+    async def interrupt(self, session_id: str) -> float:
+        """Drop the session's queued audio; returns the milliseconds dropped."""
+        answer = await self._json("POST", _session(session_id, "/interrupt"))
+        return float(answer["dropped_ms"])
+
+    async def state(self, session_id: str) -> dict[str, Any]:
+        """The session's state and counters (``GET /sessions/{id}``)."""
+        answer: dict[str, Any] = await self._json("GET", _session(session_id))
+        return answer
+
+    async def hang_up(self, session_id: str) -> None:
+        """End the session (:class:`SessionNotFound` if it already ended)."""
+        await self._json("DELETE", _session(session_id))
+
+    def events(self, session_id: str) -> EventStream:
+        """The session's events over server-sent events, from now on: ``async for event
+        in client.events(id)`` (see :class:`EventStream`)."""
+
+        async def open_response() -> ClientResponse:
+            response = await self._http().get(
+                self._url(_session(session_id, "/events")),
+                headers={**self._headers, "Accept": "text/event-stream"},
+                timeout=EVENTS_TIMEOUT,
+            )
+            await _raise_for_error(response)
+            return response
+
+        return EventStream(open_response)
+
+    def stream_audio(
+        self,
+        session_id: str,
+        *,
+        format: PcmFormat = "s16le",
+        rate: int = 16000,
+        max_ahead_ms: float = 2000.0,
+        event_queue_size: int = 256,
+    ) -> AudioStream:
+        """An audio stream into the session (``async with``); see :class:`AudioStream`.
+
+        ``max_ahead_ms`` bounds how far ahead of play-out :meth:`AudioStream.send` runs.
+        """
+        if format not in ("s16le", "f32le"):
+            raise ValueError(f"format must be 's16le' or 'f32le', got {format!r}")
+        if rate not in STREAM_RATES:
+            raise ValueError(f"rate must be one of {STREAM_RATES}, got {rate}")
+        params = {"format": format, "rate": str(rate), "channels": "1"}
+
+        async def connect() -> ClientWebSocketResponse:
+            url = self._url(_session(session_id, "/audio/stream"))
+            try:
+                return await self._http().ws_connect(url, params=params, headers=self._headers)
+            except WSServerHandshakeError as exc:
+                code = _HANDSHAKE_CODES.get(exc.status, f"http_{exc.status}")
+                retry = exc.headers.get("Retry-After") if exc.headers else None
+                raise error_for(
+                    code,
+                    f"the server refused the audio stream with HTTP {exc.status}",
+                    status=exc.status,
+                    retry_after=float(retry) if retry and retry.isdigit() else None,
+                ) from exc
+
+        return AudioStream(
+            connect,
+            format=format,
+            rate=rate,
+            max_ahead_ms=max_ahead_ms,
+            event_queue_size=event_queue_size,
+        )
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        async with self._http().request(
+            method, self._url(path), headers=headers, **kwargs
+        ) as response:
+            await _raise_for_error(response)
+            logger.debug("%s %s -> %d", method, path, response.status)
+            return await response.json()
+
+    def _http(self) -> ClientSession:
+        if self._session is None:
+            self._session = ClientSession()
+        return self._session
+
+    def _url(self, path: str) -> str:
+        return self.base_url + path
+
+
+def _session(session_id: str, tail: str = "") -> str:
+    return f"/sessions/{quote(session_id, safe='')}{tail}"
+
+
+async def _raise_for_error(response: ClientResponse) -> None:
+    if response.status < 400:
+        return
+    body = await response.read()
+    response.release()
+    error: LipstreamError = error_from_body(response.status, body, response.headers)
+    raise error

@@ -1,0 +1,177 @@
+"""The server's JSON answers as small typed values, and the frames a call receives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import av
+
+#: A session event or stream message: a JSON object with at least ``type``
+#: (docs/apps.md lists them: ``speech_started``, ``queued_ms``, ``session_ended``, …).
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Avatar:
+    """An avatar a call may show (``GET /avatars``)."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class IceServer:
+    """A STUN or TURN server for the call's ICE agent."""
+
+    urls: tuple[str, ...]
+    username: str | None = None
+    credential: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IceServer:
+        urls = data["urls"]
+        return cls(
+            urls=(urls,) if isinstance(urls, str) else tuple(urls),
+            username=data.get("username"),
+            credential=data.get("credential"),
+        )
+
+
+@dataclass(frozen=True)
+class DelayBudget:
+    """What the server adds between audio and the frame and sound sent back, in ms."""
+
+    server_ms: float
+    lookahead_ms: float
+    tick_ms: float
+    margin_ms: float
+    browser_extra_ms_low: float
+    browser_extra_ms_high: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DelayBudget:
+        return cls(
+            server_ms=float(data["server_ms"]),
+            lookahead_ms=float(data["lookahead_ms"]),
+            tick_ms=float(data["tick_ms"]),
+            margin_ms=float(data["margin_ms"]),
+            browser_extra_ms_low=float(data["browser_extra_ms_low"]),
+            browser_extra_ms_high=float(data["browser_extra_ms_high"]),
+        )
+
+
+@dataclass(frozen=True)
+class WebRtcConfig:
+    """``GET /webrtc-config``: ICE servers for the client, and the configured delay."""
+
+    ice_servers: tuple[IceServer, ...]
+    delay: DelayBudget
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WebRtcConfig:
+        # The server writes ``iceServers`` (ready for a browser's RTCPeerConnection).
+        servers = data.get("iceServers", data.get("ice_servers", []))
+        return cls(
+            ice_servers=tuple(IceServer.from_json(s) for s in servers),
+            delay=DelayBudget.from_json(data["delay"]),
+        )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """``POST /offer``: the server's SDP answer, the new session, and its delay."""
+
+    sdp: str
+    type: str
+    session_id: str
+    delay: DelayBudget | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Answer:
+        delay = data.get("delay")
+        return cls(
+            sdp=data["sdp"],
+            type=data["type"],
+            session_id=str(data["session_id"]),
+            delay=DelayBudget.from_json(delay) if delay is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Audio accepted into a session (202): this audio's length and all audio now queued.
+
+    ``utterance`` numbers it within its session, when the server reports it
+    (docs/apps.md, Utterances).
+    """
+
+    duration_ms: float
+    queued_ms: float
+    utterance: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Queued:
+        utterance = data.get("utterance")
+        return cls(
+            duration_ms=float(data["duration_ms"]),
+            queued_ms=float(data["queued_ms"]),
+            utterance=int(utterance) if utterance is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """A decoded video frame of a call.
+
+    ``index`` is the session's frame number at the avatar's fps and ``media_ms`` its
+    place on the session's media timeline, both counted from the first frame received
+    (RTP timestamps start at a random offset; the server starts its clock on frame 0):
+    an event's ``media_ms`` names the same instant. ``received_at`` is
+    ``time.monotonic()`` on arrival.
+    """
+
+    index: int
+    media_ms: float
+    frame: av.VideoFrame
+    received_at: float
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    """A decoded audio frame of a call (48 kHz from lipstream), placed as :class:`VideoFrame`."""
+
+    media_ms: float
+    frame: av.AudioFrame
+    received_at: float
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """What a call has received, and what its bounded queues dropped because the app did
+    not take it in time (the oldest goes first)."""
+
+    video_frames: int = 0
+    audio_frames: int = 0
+    events: int = 0
+    video_dropped: int = 0
+    audio_dropped: int = 0
+    events_dropped: int = 0
+
+    @property
+    def frames_dropped(self) -> int:
+        """Video and audio frames dropped unread."""
+        return self.video_dropped + self.audio_dropped
+
+
+@dataclass(frozen=True)
+class QueueSizes:
+    """How many items each of a call's receive queues holds before it drops the oldest.
+
+    Frames are decoded (a 720p video frame is 1.4 MB), so the video queue is short.
+    """
+
+    video: int = 25
+    audio: int = 50
+    events: int = 256
