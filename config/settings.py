@@ -334,6 +334,8 @@ class SessionSettings(_Section):
     max_audio_push_bytes: ByteSize = Field(default=16 * MIB, ge=1)
     max_say_chars: int = Field(default=2000, ge=1)
     max_queued_audio_s: float = Field(default=120.0, gt=0)
+    max_stream_buffer_s: float = Field(default=20.0, gt=0)
+    event_queue_size: int = Field(default=256, ge=8, le=100_000)
     pipeline_margin_ms: float = Field(default=40.0, ge=0, le=2000)
 
 

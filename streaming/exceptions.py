@@ -5,7 +5,8 @@ Hierarchy::
     StreamingError              root: a call cannot be set up or controlled
     ├── OfferError              the SDP offer is malformed or cannot be answered (400)
     ├── SessionNotFoundError    no live session with that id (404)
-    └── SessionLimitError       the server is at its session limit (503 + Retry-After)
+    ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
+    └── StreamBusyError         the session already has an audio stream open (409)
 """
 
 from __future__ import annotations
@@ -25,3 +26,7 @@ class SessionNotFoundError(StreamingError):
 
 class SessionLimitError(StreamingError):
     """The server runs as many sessions as it is configured for."""
+
+
+class StreamBusyError(StreamingError):
+    """A session takes one audio stream at a time."""

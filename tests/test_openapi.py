@@ -8,6 +8,7 @@ is one the operation lists for that status, required headers are present.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import math
@@ -30,9 +31,11 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from config.settings import Settings
+from tests.live_calls import until
 from tests.packages import make_package
 from web import errors
 from web.app import build_app
+from web.app_keys import SESSIONS
 from web.openapi import openapi_document
 from web.session_tokens import mint_token
 
@@ -271,6 +274,12 @@ async def _offer_sdp() -> tuple[RTCPeerConnection, str]:
     return pc, pc.localDescription.sdp
 
 
+def _listeners(check: Conformance, session_id: str) -> int:
+    app = check.client.server.app
+    assert app is not None
+    return app[SESSIONS].get(session_id).events.listeners
+
+
 async def test_session_routes_answer_as_documented(check: Conformance) -> None:
     pc, sdp = await _offer_sdp()
     try:
@@ -356,8 +365,23 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
             await check("POST", "/offer", status, json=bad_offer)
         await check("POST", "/offer", 400, data=b"{", headers={"Content-Type": "application/json"})
 
+        stream = "/sessions/{session_id}/audio/stream"
+        for query, code in (
+            ("?format=s16le&rate=16000", "websocket_required"),  # not an upgrade
+            ("?format=s24le&rate=16000", "bad_stream_format"),
+            ("?format=s16le&rate=8000", "bad_stream_format"),
+        ):
+            refused = await check("GET", stream, 400, path=f"{session}/audio/stream{query}")
+            assert refused.json()["error"]["code"] == code
+        # The events stream runs until the session ends: the hang-up below ends it.
+        events = asyncio.create_task(
+            check("GET", "/sessions/{session_id}/events", 200, path=f"{session}/events")
+        )
+        await until(lambda: _listeners(check, sid) == 1, "the events stream to open")
         closed = await check("DELETE", "/sessions/{session_id}", 200, path=session)
         assert closed.json() == {"session_id": sid, "state": "closed"}
+        ended = (await events).body.decode()
+        assert "event: session_ended" in ended, ended
     finally:
         await pc.close()
 
@@ -367,6 +391,8 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
         ("POST", "/sessions/{session_id}/say", "/say"),
         ("POST", "/sessions/{session_id}/audio", "/audio"),
         ("POST", "/sessions/{session_id}/interrupt", "/interrupt"),
+        ("GET", "/sessions/{session_id}/events", "/events"),
+        ("GET", "/sessions/{session_id}/audio/stream", "/audio/stream?format=s16le&rate=16000"),
     ):
         await check(method, template, 404, path=f"{session}{suffix}", json={"text": "hi"})
 

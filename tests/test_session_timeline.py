@@ -217,8 +217,9 @@ async def test_interrupt_drops_queued_audio_and_silences_frames_that_may_hold_it
     assert before == list(range(len(before)))
     assert before  # some frames were final and went to rendering
 
-    dropped = rig.timeline.interrupt()
+    dropped, cut = rig.timeline.interrupt()
     assert dropped == pytest.approx(1.0)  # the second not made yet
+    assert cut == [1]  # the tone, half played, was cut short
     assert rig.mixer.pushed_seconds == 0.0
     # Audio heard by now plus the feature lookahead reaches into frame 30.
     silent_until = int((50 * AUDIO_CHUNK_S + LOOKAHEAD_MS / 1000) * FPS) + 1

@@ -33,6 +33,7 @@ from web.metrics import add_metrics_routes
 from web.open_files import raise_open_file_limit
 from web.openapi import add_openapi_routes
 from web.rate_limit import RateLimiter
+from web.session_streams import add_stream_routes
 from web.signalling import add_routes
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def build_app(
     app.cleanup_ctx.extend([inference_core, sessions, text_to_speech])
     app.router.add_post("/v1/infer/{model_id}", infer)
     add_routes(app)
+    add_stream_routes(app)
     add_admin_routes(app)
     add_metrics_routes(app)
     add_openapi_routes(app)

@@ -34,9 +34,11 @@ from inference_core.exceptions import (
 )
 from inference_core.importers import ImportFailedError
 from streaming.audio_in.exceptions import (
+    AudioFrameError,
     AudioInputError,
     AudioQueueFullError,
     AudioTooLargeError,
+    StreamFormatError,
     TtsError,
     TtsInputError,
     TtsUnavailableError,
@@ -45,6 +47,7 @@ from streaming.exceptions import (
     OfferError,
     SessionLimitError,
     SessionNotFoundError,
+    StreamBusyError,
     StreamingError,
 )
 from web.schemas import Error, ErrorDetail
@@ -68,9 +71,12 @@ _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (OfferError, 400, "bad_offer", None),
     (SessionNotFoundError, 404, "session_not_found", None),
     (SessionLimitError, 503, "too_many_sessions", 5),
+    (StreamBusyError, 409, "stream_busy", None),
     (StreamingError, 500, "streaming_failed", None),
     (AudioTooLargeError, 413, "audio_too_large", None),
     (AudioQueueFullError, 429, "audio_queue_full", 2),
+    (StreamFormatError, 400, "bad_stream_format", None),
+    (AudioFrameError, 400, "bad_frame", None),
     (AudioInputError, 400, "bad_audio", None),
     (TtsUnavailableError, 503, "tts_unavailable", None),
     (TtsInputError, 400, "bad_text", None),

@@ -67,14 +67,25 @@ def verify_token(settings: AuthSettings, token: str) -> SessionToken:
     return SessionToken(avatar, subject if isinstance(subject, str) else None, float(expires))
 
 
-def require_token(request: web.Request, settings: AuthSettings, avatar: str) -> None:
-    """When tokens are on, the request must carry a valid one for ``avatar`` (else 401)."""
+def require_token(
+    request: web.Request, settings: AuthSettings, avatar: str, *, query: bool = False
+) -> None:
+    """When tokens are on, the request must carry a valid one for ``avatar`` (else 401).
+
+    With ``query``, a ``?token=`` parameter is taken too, for the routes browsers open with
+    ``WebSocket`` and ``EventSource``, which cannot set headers.
+    """
     if settings.jwt_secret is None:
         return
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
-        raise _unauthorized("a session token is required: send Authorization: Bearer <token>")
+        value = request.query.get("token", "") if query else ""
+        if not value.strip():
+            where = " (or ?token=<token>)" if query else ""
+            raise _unauthorized(
+                f"a session token is required: send Authorization: Bearer <token>{where}"
+            )
     token = verify_token(settings, value.strip())
     if token.avatar != avatar:
         raise _unauthorized("the session token is for another avatar")

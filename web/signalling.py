@@ -6,6 +6,8 @@ GET    /sessions/{id}               the session's state
 POST   /sessions/{id}/audio         WAV / any container / raw PCM → spoken by the avatar
 POST   /sessions/{id}/say           {"text", "voice"?} → text-to-speech → spoken
 POST   /sessions/{id}/interrupt     drop queued audio; the avatar goes idle
+
+The audio stream (WebSocket) and the events (server-sent) are in :mod:`web.session_streams`.
 GET    /avatars                     the avatars a client can pick
 GET    /webrtc-config               ICE servers for the browser, and the configured delay
 """
@@ -23,6 +25,7 @@ from streaming.audio_in.tts import check_text
 from streaming.exceptions import SessionLimitError
 from streaming.live.reporting import delay_budget
 from streaming.live.session import Session
+from streaming.live.utterances import Source
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
 from streaming.webrtc.turn import turn_server
@@ -110,13 +113,18 @@ async def push_audio(request: web.Request) -> web.Response:
     samples = await asyncio.to_thread(
         decode_pushed_audio, body, content_type, dict(request.query), limits=limits
     )
-    return web.json_response(_queue(session, samples).dump(), status=202)
+    return web.json_response(_queue(session, samples, "push").dump(), status=202)
 
 
-def _queue(session: Session, samples: np.ndarray) -> Queued:
-    """Queue 16 kHz audio in ``session``: how long it is, how much is queued now."""
-    queued = session.push_audio(samples)
-    return Queued(duration_ms=round(len(samples) / 16, 1), queued_ms=round(queued * 1000, 1))
+def _queue(session: Session, samples: np.ndarray, source: Source) -> Queued:
+    """Queue 16 kHz audio in ``session`` as one utterance: its number, how long it is, how
+    much is queued now."""
+    queued = session.app_audio.push(samples, source)
+    return Queued(
+        utterance=queued.utterance,
+        duration_ms=round(queued.duration_s * 1000, 1),
+        queued_ms=round(queued.queued_s * 1000, 1),
+    )
 
 
 async def say(request: web.Request) -> web.Response:
@@ -126,14 +134,15 @@ async def say(request: web.Request) -> web.Response:
     body = await read_json(request, Say, 4 * settings.session.max_say_chars + 1024)
     text = check_text(body.text, settings.session.max_say_chars)
     samples = await request.app[TTS].synthesize(text, voice=body.voice)
-    return web.json_response(_queue(session, samples).dump(), status=202)
+    return web.json_response(_queue(session, samples, "say").dump(), status=202)
 
 
 async def interrupt(request: web.Request) -> web.Response:
     """Drop a session's queued audio and frames."""
     session = _session(request)
-    dropped = session.interrupt()
-    return web.json_response(Interrupted(dropped_ms=round(dropped * 1000, 1)).dump())
+    dropped, utterances = session.interrupt()
+    interrupted = Interrupted(dropped_ms=round(dropped * 1000, 1), utterances=utterances)
+    return web.json_response(interrupted.dump())
 
 
 async def avatars(request: web.Request) -> web.Response:

@@ -15,7 +15,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 
 from compositor.background_cache import AvatarFrames, BackgroundCache
 from config.settings import Settings
@@ -25,6 +31,7 @@ from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.cpu_meter import CpuMeter
+from streaming.live.data_channel import LABEL as DATA_CHANNEL_LABEL
 from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
@@ -251,6 +258,11 @@ class SessionManager:
             @pc.on("track")
             def on_track(track: object) -> None:
                 session.add_remote_track(track)  # type: ignore[arg-type]
+
+            @pc.on("datachannel")
+            def on_datachannel(channel: RTCDataChannel) -> None:
+                if channel.label == DATA_CHANNEL_LABEL:
+                    session.serve_data_channel(channel)
 
             dtls = DtlsFailure()
 

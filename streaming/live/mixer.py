@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
 from streaming.audio_in.exceptions import AudioQueueFullError
+from streaming.live.utterances import Mark, UtteranceLedger
 from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE
 
 logger = logging.getLogger(__name__)
@@ -82,8 +84,12 @@ class AudioMixer:
         max_pushed_s: float = 120.0,
         inbound_slack_ms: float = INBOUND_SLACK_MS,
         inbound_window_ticks: int = INBOUND_WINDOW_TICKS,
+        on_marks: Callable[[list[Mark]], None] | None = None,
     ) -> None:
         self._inbound = _SampleQueue()
+        self.utterances = UtteranceLedger()
+        self._on_marks = on_marks
+        self._chunks_made = 0
         self._pushed = _SampleQueue()
         self._max_inbound = int(OUT_RATE * max_inbound_ms / 1000)
         self._max_pushed = int(OUT_RATE * max_pushed_s)
@@ -123,27 +129,37 @@ class AudioMixer:
             self._ticks = 0
             self._lowest = self._max_inbound
 
-    def push(self, samples: np.ndarray) -> float:
-        """Queue audio to be played in real time; returns the seconds now queued.
+    def push(self, samples: np.ndarray, utterance: int | None = None) -> float:
+        """Queue audio of ``utterance`` (a new, complete one when None) to be played in
+        real time; returns the seconds now queued.
 
         Raises :class:`AudioQueueFullError` when the queue would exceed its limit.
         """
-        if self._pushed.size + len(samples) > self._max_pushed:
+        self.check_room(len(samples))
+        number = self.utterances.open("push") if utterance is None else utterance
+        self._pushed.put(np.asarray(samples, dtype=np.float32))
+        self.utterances.queued(number, len(samples))
+        if utterance is None:
+            self.utterances.close(number)
+        return self.pushed_seconds
+
+    def check_room(self, samples: int) -> None:
+        """Raise :class:`AudioQueueFullError` if ``samples`` more would not fit."""
+        if self._pushed.size + samples > self._max_pushed:
             raise AudioQueueFullError(
-                f"{len(samples) / OUT_RATE:.1f} s of audio would exceed the session's queue of "
+                f"{samples / OUT_RATE:.1f} s of audio would exceed the session's queue of "
                 f"{self._max_pushed / OUT_RATE:.0f} s ({self.pushed_seconds:.1f} s queued); "
                 "wait for it to play or interrupt"
             )
-        self._pushed.put(np.asarray(samples, dtype=np.float32))
-        return self.pushed_seconds
 
     @property
     def pushed_seconds(self) -> float:
         return self._pushed.size / OUT_RATE
 
-    def clear_pushed(self) -> float:
-        """Drop all queued pushed audio; returns the seconds dropped."""
-        return self._pushed.clear() / OUT_RATE
+    def clear_pushed(self) -> tuple[float, list[int]]:
+        """Drop all queued pushed audio; returns the seconds dropped and the utterances cut
+        (every one not yet ended)."""
+        return self._pushed.clear() / OUT_RATE, self.utterances.clear()
 
     def next_chunk(self) -> np.ndarray:
         """The next 20 ms of the timeline (consumes from both sources)."""
@@ -151,6 +167,10 @@ class AudioMixer:
         self._watch_inbound()
         if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
             self.underruns += 1
-        self._pushed.take_into(chunk)
+        taken = self._pushed.take_into(chunk)
+        marks = self.utterances.taken(taken, self._chunks_made)
+        self._chunks_made += 1
+        if marks and self._on_marks is not None:
+            self._on_marks(marks)
         np.clip(chunk, -1.0, 1.0, out=chunk)
         return chunk

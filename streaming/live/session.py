@@ -15,10 +15,9 @@ frame's audio is complete and it has been computed, or it is shown idle (never l
 ``docs/architecture.md`` §2, §8).
 
 :class:`Session` owns the parts and every task, and wires them; each part is its own
-module: the audio timeline (:mod:`~streaming.live.timeline`), the render tasks
-(:mod:`~streaming.live.renderer`), the send buffers (:mod:`~streaming.live.send_buffers`),
-the watchdogs (:mod:`~streaming.live.watchdogs`) and the report
-(:mod:`~streaming.live.reporting`).
+module: the audio timeline (:mod:`~streaming.live.timeline`), the audio apps bring and its
+events (:mod:`~streaming.live.app_audio`), the render tasks (:mod:`~streaming.live.renderer`),
+the send buffers, the watchdogs and the report.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from collections.abc import Callable, Coroutine
 
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError
 
 from compositor.background_cache import AvatarFrames
@@ -38,8 +37,10 @@ from config.settings import Settings
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import AudioFeatureStream
 from inference_core.serving.handle import ModelHandle
-from streaming.audio_in.resample import resample_mono
 from streaming.frame_pipeline import FramePipeline
+from streaming.live.app_audio import AppAudio
+from streaming.live.data_channel import serve_data_channel
+from streaming.live.events import SessionEvents
 from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer
 from streaming.live.reporting import (
@@ -52,12 +53,13 @@ from streaming.live.reporting import (
 )
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.snapshot import BufferedMedia, SessionSnapshot
-from streaming.live.timeline import FEATURE_RATE, AudioTimeline
+from streaming.live.speech import SpeechEvents
+from streaming.live.timeline import AudioTimeline
 from streaming.live.watchdogs import (
     PEER_CHECK_S,
     PEER_SILENCE_S,
     AudioActivity,
-    connect_timed_out,
+    ice_failure,
     peer_silent,
 )
 from streaming.live.workers import Offload
@@ -127,8 +129,19 @@ class Session:
         self.created_at = self._report.created_at
         self._executor = executor
         self._on_closed = on_closed
-        self._mixer = AudioMixer(max_pushed_s=settings.session.max_queued_audio_s)
+        self.events = SessionEvents(session_id, queue_size=settings.session.event_queue_size)
+        self._speech = SpeechEvents(self.events, self.fps)
+        self._mixer = AudioMixer(
+            max_pushed_s=settings.session.max_queued_audio_s, on_marks=self._speech.schedule
+        )
         self._activity = AudioActivity()
+        self.app_audio = AppAudio(
+            self._mixer,
+            self.events,
+            self._speech,
+            max_stream_buffer_s=settings.session.max_stream_buffer_s,
+            on_audio=self._activity.heard,
+        )
         self._buffers = SendBuffers(self.delay_s, self.fps)
         self._clock = SessionClock(self.delay_s, self._on_clock_start)
         self._renderer = FrameRenderer(
@@ -167,7 +180,9 @@ class Session:
             on_frame=self._renderer.submit,
             on_voice=self._activity.heard,
         )
-        self.video = AvatarVideoTrack(self._clock, self.fps, self._renderer.frame_for)
+        self.video = AvatarVideoTrack(
+            self._clock, self.fps, self._renderer.frame_for, on_sent=self._speech.frame_sent
+        )
         self.audio = AvatarAudioTrack(self._clock, self._buffers.take_chunk)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -202,26 +217,9 @@ class Session:
         connected peer has sent nothing for ``PEER_SILENCE_S``."""
 
         async def ice_watchdog() -> None:
-            if not await connect_timed_out(self.pc, timeout_s):
-                return
-            if self.pc.iceConnectionState in ("connected", "completed"):
-                # ICE found a path; then neither side started DTLS, or the peer stopped
-                # answering it: a different fault from no path at all.
-                logger.warning(
-                    "DTLS handshake timed out: session=%s (ICE connected; no DTLS handshake "
-                    "completed in %.0f s)",
-                    self.session_id,
-                    timeout_s,
-                )
-                await self.close("DTLS handshake timed out")
-                return
-            logger.info(
-                "session not connected after %.0f s: session=%s state=%s",
-                timeout_s,
-                self.session_id,
-                self.pc.connectionState,
-            )
-            await self.close("ICE timeout")
+            reason = await ice_failure(self.pc, timeout_s, self.session_id)
+            if reason is not None:
+                await self.close(reason)
 
         async def peer_watchdog() -> None:
             quiet_s = await peer_silent(self.pc)
@@ -256,24 +254,30 @@ class Session:
 
         self._spawn(preload(), f"preload-{self.session_id[:8]}")
 
-    def push_audio(self, samples_16k: np.ndarray) -> float:
-        """Queue 16 kHz mono audio to be spoken; returns the seconds now queued."""
-        queued = self._mixer.push(resample_mono(samples_16k, FEATURE_RATE, OUT_RATE))
-        self._activity.heard()
-        return queued
-
-    def interrupt(self) -> float:
+    def interrupt(self) -> tuple[float, list[int]]:
         """Drop queued audio and frames: the avatar is idle from the next frame on.
 
-        Returns the seconds of queued audio dropped.
+        Returns the seconds of queued audio dropped and the utterances cut short.
         """
-        dropped = self._timeline.interrupt()
+        dropped, cut = self._timeline.interrupt()
         self._renderer.cancel()
         self._buffers.interrupt()  # what the caller has not seen or heard yet
+        utterances = self._speech.interrupted(cut, dropped)
         logger.info(
-            "session interrupted: session=%s dropped_audio_s=%.2f", self.session_id, dropped
+            "session interrupted: session=%s dropped_audio_s=%.2f utterances=%s",
+            self.session_id,
+            dropped,
+            utterances,
         )
-        return dropped
+        return dropped, utterances
+
+    def serve_data_channel(self, channel: RTCDataChannel) -> None:
+        """Send this session's events on the caller's ``lipstream`` data channel and take
+        its ``interrupt`` messages (``docs/apps.md``)."""
+        self._spawn(
+            serve_data_channel(channel, self.events.listen(), self.interrupt),
+            f"data-channel-{self.session_id[:8]}",
+        )
 
     @property
     def queued_audio_s(self) -> float:
@@ -336,6 +340,7 @@ class Session:
         self._closed = True
         self.state = "closed"
         self.end_reason = reason
+        self.events.end(reason)
         current = asyncio.current_task()  # close() may be called from one of our tasks
         tasks = [t for t in (*self._tasks, *self._renderer.in_flight) if t is not current]
         for task in tasks:

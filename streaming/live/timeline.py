@@ -169,13 +169,14 @@ class AudioTimeline(Generic[T]):
             made.append((packet, frames))
         return made
 
-    def interrupt(self) -> float:
+    def interrupt(self) -> tuple[float, list[int]]:
         """Drop the queued audio and go idle: frames whose features may hold it are silent,
-        and packets made from now on come from a fresh encoder. Returns the seconds dropped.
+        and packets made from now on come from a fresh encoder. Returns the seconds dropped
+        and the utterances cut.
 
         Packets already made are the send buffers' to silence.
         """
-        dropped = self._mixer.clear_pushed()
+        dropped, cut = self._mixer.clear_pushed()
         frame_s = 1.0 / self._fps
         audio_now = self._chunks_made * AUDIO_CHUNK_S
         self._silent_until = int((audio_now + self._lookahead_ms / 1000) / frame_s) + 1
@@ -184,4 +185,4 @@ class AudioTimeline(Generic[T]):
         # A fresh encoder: the old one holds the last speech in its look-ahead and would
         # put it into the next packet it makes, heard a session delay from now.
         self._opus = OpusChunkEncoder()
-        return dropped
+        return dropped, cut

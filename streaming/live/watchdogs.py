@@ -10,10 +10,13 @@ here closes anything. Tests hand in their own clock and sleep and step time by h
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from aiortc import RTCPeerConnection
+
+logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -32,6 +35,30 @@ async def connect_timed_out(
     """Wait ``timeout_s``; whether ICE had not connected by then (the session ends if so)."""
     await sleep(timeout_s)
     return pc.connectionState != "connected"
+
+
+async def ice_failure(pc: RTCPeerConnection, timeout_s: float, session_id: str) -> str | None:
+    """Why the session must end if it is not connected within ``timeout_s`` (None once it
+    is): no ICE path at all, or ICE connected but no DTLS handshake finished."""
+    if not await connect_timed_out(pc, timeout_s):
+        return None
+    if pc.iceConnectionState in ("connected", "completed"):
+        # ICE found a path; then neither side started DTLS, or the peer stopped
+        # answering it: a different fault from no path at all.
+        logger.warning(
+            "DTLS handshake timed out: session=%s (ICE connected; no DTLS handshake "
+            "completed in %.0f s)",
+            session_id,
+            timeout_s,
+        )
+        return "DTLS handshake timed out"
+    logger.info(
+        "session not connected after %.0f s: session=%s state=%s",
+        timeout_s,
+        session_id,
+        pc.connectionState,
+    )
+    return "ICE timeout"
 
 
 class PeerSilence:

@@ -58,8 +58,8 @@ def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
     offers_h264 = False
     for number, media in enumerate(description.media, start=1):
         where = f"media section {number} ({media.kind})"
-        if media.kind not in _CODECS:
-            raise OfferError(f"{where}: only audio and video are supported")
+        if media.kind not in (*_CODECS, "application"):
+            raise OfferError(f"{where}: only audio, video and a data channel are supported")
         if media.kind in kinds:
             raise OfferError(f"{where}: send one {media.kind} section, not several")
         kinds.append(media.kind)
@@ -84,6 +84,12 @@ def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
                 raise OfferError(f"{where}: malformed a=fingerprint")
         if media.dtls.role not in ("auto", "client", "server"):
             raise OfferError(f"{where}: a=setup must be actpass, active or passive")
+        if media.kind == "application":  # the caller's events channel (docs/apps.md)
+            if "SCTP" not in str(media.profile) or media.fmt != ["webrtc-datachannel"]:
+                raise OfferError(
+                    f"{where}: a data channel must be UDP/DTLS/SCTP webrtc-datachannel"
+                )
+            continue
         if media.direction not in ("sendrecv", "sendonly", "recvonly", "inactive"):
             raise OfferError(f"{where}: unknown direction {media.direction!r}")
         codecs = {str(c.mimeType).lower() for c in media.rtp.codecs}
@@ -121,7 +127,7 @@ def _check_text(sdp: str, limits: OfferLimits) -> None:
             if media > limits.max_media:
                 raise OfferError(
                     f"the offer has more than {limits.max_media} media sections; "
-                    "send one audio and one video section"
+                    "send one audio, one video and at most one data channel section"
                 )
         elif line.startswith("a=candidate:"):
             candidates += 1

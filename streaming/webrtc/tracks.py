@@ -107,15 +107,23 @@ class AvatarVideoTrack(MediaStreamTrack):
     An array is handed to aiortc as a frame for it to encode; a packet (H.264 encoded
     off the loop with the sender's own encoder) is handed on as is, and aiortc only
     sends its payloads. :meth:`send_from` switches the source once the codec is known.
+    ``on_sent(n)`` is called once frame ``n`` is handed to aiortc.
     """
 
     kind = "video"
 
-    def __init__(self, clock: SessionClock, fps: int, source: FrameSource) -> None:
+    def __init__(
+        self,
+        clock: SessionClock,
+        fps: int,
+        source: FrameSource,
+        on_sent: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._fps = fps
         self._source = source
+        self._on_sent = on_sent
         self._next = 0
         self.frames_sent = 0
         self.frames_skipped = 0
@@ -137,6 +145,8 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._next = index + 1
         media = await self._source(index)
         self.frames_sent += 1
+        if self._on_sent is not None:
+            self._on_sent(index)
         if isinstance(media, av.Packet):
             return media  # aiortc sends a packet's payloads as they are
         return video_frame(media, index, self._fps)

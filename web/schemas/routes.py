@@ -2,6 +2,9 @@
 
 :mod:`web.openapi` renders it as the OpenAPI document; ``tests/test_openapi.py`` checks
 it against the routes the app registers and the responses it sends.
+
+Why one module over 400 lines: it is one table, read as the API's index; split by tag,
+a reader would lose the one place that lists every route.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from web.schemas.signalling import (
     Queued,
     Say,
     SessionState,
+    StreamQuery,
+    TokenQuery,
     WebRtcConfig,
 )
 
@@ -129,6 +134,36 @@ SESSION_OPERATIONS = (
         "sessions",
         "Drop queued audio and frames: the avatar goes idle",
         (Reply(200, "Interrupted.", Interrupted),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "stream_audio",
+        "get",
+        "/sessions/{session_id}/audio/stream",
+        "sessions",
+        "A WebSocket: stream PCM in as it is made; the session's events come back",
+        (Reply(101, "Switching to the WebSocket protocol (docs/apps.md)."),),
+        description="Binary messages carry PCM in the declared format (at most 1 s each); "
+        'text messages `{"type": "end"}` end the utterance, `{"type": "interrupt"}` '
+        "interrupts. The avatar starts speaking on the first message. The server sends "
+        "`ready`, then the session's events and `error` messages for refused messages "
+        "(`bad_frame`, `bad_message`, `audio_queue_full`); see docs/apps.md.",
+        query=StreamQuery,
+        access="session",
+        errors={400: ("websocket_required",), **_NO_SESSION, 409: ("stream_busy",)},
+    ),
+    Operation(
+        "session_events",
+        "get",
+        "/sessions/{session_id}/events",
+        "sessions",
+        "The session's events as server-sent events",
+        (Reply(200, "One event per block until `session_ended`.", media=("text/event-stream",)),),
+        description="`speech_started`, `speech_ended`, `interrupted`, `queued_ms` and "
+        "`session_ended`, each as `id: <seq>`, `event: <type>` and `data: <json>`; a "
+        "`: keepalive` comment every 15 s (docs/apps.md).",
+        query=TokenQuery,
         access="session",
         errors=_NO_SESSION,
     ),

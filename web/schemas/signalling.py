@@ -84,6 +84,40 @@ class AudioQuery(RequestModel):
     )
 
 
+class StreamQuery(RequestModel):
+    """The parameters of ``GET /sessions/{id}/audio/stream``, for the document only.
+
+    :meth:`streaming.audio_in.stream.StreamFormat.parse` reads and checks them and answers
+    ``bad_stream_format``; ``tests/test_session_streams.py`` checks that it takes what this
+    model allows.
+    """
+
+    missing_code = wrong_type_code = "bad_stream_format"
+
+    format: Literal["s16le", "f32le"] = Field(
+        description="Sample format of the binary messages (little-endian)."
+    )
+    rate: Literal[16000, 22050, 24000, 44100, 48000] = Field(description="Sample rate in Hz.")
+    channels: Literal[1] | SkipJsonSchema[None] = Field(
+        default=None, description="1 (mono, the default): streams are mono."
+    )
+    token: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="The session token, for clients that cannot send `Authorization` "
+        "(browsers' `WebSocket`).",
+    )
+
+
+class TokenQuery(RequestModel):
+    """``?token=``, where the route takes the session token as a parameter."""
+
+    token: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="The session token, for clients that cannot send `Authorization` "
+        "(browsers' `EventSource`).",
+    )
+
+
 # --- responses -------------------------------------------------------------------------
 
 
@@ -223,6 +257,11 @@ class HungUp(ResponseModel):
 
 
 class Queued(ResponseModel):
+    utterance: int = Field(
+        ge=1,
+        description="This audio's utterance number in the session: events about it "
+        "(`speech_started`, `speech_ended`) carry it (docs/apps.md).",
+    )
     duration_ms: NonNegative = Field(description="This audio.")
     queued_ms: NonNegative = Field(
         description="All audio now queued in the session, this included."
@@ -231,6 +270,9 @@ class Queued(ResponseModel):
 
 class Interrupted(ResponseModel):
     dropped_ms: NonNegative = Field(description="Audio dropped.")
+    utterances: list[int] = Field(
+        description="The utterances cut short or dropped (their `speech_ended` never comes)."
+    )
 
 
 class Avatar(ResponseModel):

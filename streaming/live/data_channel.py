@@ -1,0 +1,72 @@
+"""A caller's ``lipstream`` data channel: the session's events out, ``interrupt`` in.
+
+A browser that is already in the call gets the same events an app gets over a WebSocket
+or server-sent events (``docs/apps.md``) without a second connection, and can barge in
+over the path its audio already takes. aiortc's channel buffers whatever it is given, so
+a caller that stops reading (its SCTP window closed) is cut off once
+:data:`MAX_BUFFERED_BYTES` wait, rather than growing the server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import RTCDataChannel
+
+from streaming.live.events import EventListener
+
+logger = logging.getLogger(__name__)
+
+#: The channel's label a caller opens for events.
+LABEL = "lipstream"
+#: Bytes aiortc may hold for a channel that is not being read before it is closed.
+MAX_BUFFERED_BYTES = 1 << 20
+
+
+async def serve_data_channel(
+    channel: RTCDataChannel, listener: EventListener, interrupt: Callable[[], Any]
+) -> None:
+    """Forward ``listener``'s events to ``channel`` until either ends; answer its
+    ``{"type": "interrupt"}`` messages with ``interrupt()``."""
+
+    @channel.on("message")
+    def on_message(message: object) -> None:
+        kind = None
+        if isinstance(message, str):
+            try:
+                parsed = json.loads(message)
+            except ValueError:
+                parsed = None
+            kind = parsed.get("type") if isinstance(parsed, dict) else None
+        if kind == "interrupt":
+            interrupt()
+        elif channel.readyState == "open":
+            error = {
+                "type": "error",
+                "code": "bad_message",
+                "message": 'the data channel takes {"type": "interrupt"} messages only',
+            }
+            channel.send(json.dumps(error))
+
+    try:
+        if channel.readyState == "connecting":
+            opened = asyncio.Event()
+            channel.once("open", opened.set)
+            await opened.wait()
+        async for event in listener:
+            if channel.readyState != "open":
+                return
+            if channel.bufferedAmount > MAX_BUFFERED_BYTES:
+                logger.info(
+                    "data channel not read: session=%s buffered=%d; events stop",
+                    event.get("session_id"),
+                    channel.bufferedAmount,
+                )
+                return
+            channel.send(json.dumps(event))
+    finally:
+        listener.close()

@@ -1,0 +1,213 @@
+"""A session's long-lived routes: audio streamed in over a WebSocket, events out over SSE.
+
+GET /sessions/{id}/audio/stream   WebSocket: PCM messages in, the session's events out
+GET /sessions/{id}/events         server-sent events: the session's events
+
+The protocol is ``docs/apps.md``. Everything that can be refused is refused before the
+upgrade or the first byte, with the usual JSON error (unknown session, token, declared
+format, a second stream). After that, a message the server cannot use gets an ``error``
+message and the connection stays open: one bad message loses nothing else.
+
+Both routes read the session's events through a bounded listener
+(:mod:`streaming.live.events`). A write that cannot go out for :data:`SEND_TIMEOUT_S`
+means the client stopped reading; like a listener that overflows, it ends the
+connection, so neither a slow reader's memory nor its socket grows without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from aiohttp import WSMsgType, web
+
+from streaming.audio_in.exceptions import AudioFrameError, AudioQueueFullError
+from streaming.audio_in.stream import MAX_MESSAGE_S, StreamFormat
+from streaming.live.events import EventListener
+from streaming.live.session import Session
+from streaming.live.stream_in import AudioStreamIn
+from web.app_keys import SESSIONS, SETTINGS
+from web.errors import RequestError
+from web.session_tokens import require_token
+
+logger = logging.getLogger(__name__)
+
+#: Seconds one event may take to go out before the client counts as not reading.
+SEND_TIMEOUT_S = 10.0
+#: Seconds between keep-alive comments on an idle event stream (proxies close silent ones).
+KEEPALIVE_S = 15.0
+#: Close code and reason for a client that fell too far behind (RFC 6455: policy).
+OVERFLOW_CLOSE = (1008, b"events_overflow")
+#: The largest binary message: a second of f32le at 48 kHz, with room to spare.
+MAX_MESSAGE_BYTES = int(48_000 * 4 * MAX_MESSAGE_S) + 1024
+
+
+def _session(request: web.Request) -> Session:
+    """The session in the path; its token may come as ``?token=`` (browsers' WebSocket
+    and EventSource cannot set headers)."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    require_token(request, request.app[SETTINGS].auth, session.avatar_id, query=True)
+    return session
+
+
+async def audio_stream(request: web.Request) -> web.WebSocketResponse:
+    """Stream PCM into a session as it is made; the session's events come back."""
+    session = _session(request)
+    stream_format = StreamFormat.parse(request.query)
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30.0)
+    if not ws.can_prepare(request).ok:
+        raise RequestError(
+            400,
+            "websocket_required",
+            "this route is a WebSocket: connect with ws:// or wss:// (docs/apps.md)",
+        )
+    stream = session.app_audio.open_stream(stream_format)  # 409 while another stream is open
+    listener = session.events.listen()
+    try:
+        await ws.prepare(request)
+        await ws.send_json(
+            {
+                "type": "ready",
+                "session_id": session.session_id,
+                "format": stream_format.format,
+                "rate": stream_format.rate,
+                "max_buffer_ms": round(stream.max_buffer_s * 1000),
+            }
+        )
+        sender = asyncio.create_task(
+            _send_events(ws, listener, request), name=f"ws-events-{session.session_id[:8]}"
+        )
+        try:
+            await _receive(ws, stream, session)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+    finally:
+        stream.close()
+        listener.close()
+    return ws
+
+
+async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session) -> None:
+    """Take the client's messages until it closes (or the sender closes the socket)."""
+    async for message in ws:
+        if message.type == WSMsgType.BINARY:
+            try:
+                stream.write(message.data)
+            except AudioFrameError as exc:
+                await _send_error(ws, "bad_frame", str(exc))
+            except AudioQueueFullError as exc:
+                seconds = stream.decoder.samples_in(message.data) / stream.decoder.format.rate
+                await _send_error(
+                    ws,
+                    "audio_queue_full",
+                    str(exc),
+                    refused_ms=round(seconds * 1000, 1),
+                    queued_ms=round(session.queued_audio_s * 1000, 1),
+                )
+        elif message.type == WSMsgType.TEXT:
+            await _control(ws, stream, session, message.data)
+        elif message.type == WSMsgType.ERROR:
+            logger.info(
+                "audio stream failed: session=%s error=%r", session.session_id, ws.exception()
+            )
+            return
+
+
+async def _control(
+    ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session, text: str
+) -> None:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    kind = parsed.get("type") if isinstance(parsed, dict) else None
+    if kind == "end":
+        stream.end()
+    elif kind == "interrupt":
+        session.interrupt()
+    else:
+        await _send_error(
+            ws,
+            "bad_message",
+            'text messages are JSON objects: {"type": "end"} or {"type": "interrupt"}; '
+            "audio goes in binary messages",
+        )
+
+
+async def _send_error(ws: web.WebSocketResponse, code: str, message: str, **extra: float) -> None:
+    if not ws.closed:
+        error = {"type": "error", "code": code, "message": message, **extra}
+        await asyncio.wait_for(ws.send_json(error), SEND_TIMEOUT_S)
+
+
+async def _send_events(
+    ws: web.WebSocketResponse, listener: EventListener, request: web.Request
+) -> None:
+    """Forward the session's events; close when the session ends or the client lags."""
+    code, reason = 1000, b"session ended"
+    try:
+        async for event in listener:
+            await asyncio.wait_for(ws.send_json(event), SEND_TIMEOUT_S)
+        if listener.overflowed:
+            code, reason = OVERFLOW_CLOSE
+        elif not listener.closed:
+            return
+    except TimeoutError:
+        code, reason = OVERFLOW_CLOSE
+    except ConnectionError:
+        return
+    if code != 1000:
+        logger.info("event reader too slow: session=%s; closing", listener.session_id)
+    try:
+        await asyncio.wait_for(ws.close(code=code, message=reason), SEND_TIMEOUT_S)
+    except TimeoutError:  # it does not read even the close: drop the connection
+        if request.transport is not None:
+            request.transport.abort()
+
+
+async def session_events(request: web.Request) -> web.StreamResponse:
+    """The session's events as server-sent events, until it ends."""
+    session = _session(request)
+    listener = session.events.listen()
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # nginx: pass each event on at once
+        }
+    )
+    try:
+        await response.prepare(request)
+        await response.write(b": lipstream events\n\n")
+        while True:
+            try:
+                event = await asyncio.wait_for(listener.get(), KEEPALIVE_S)
+            except TimeoutError:
+                await asyncio.wait_for(response.write(b": keepalive\n\n"), SEND_TIMEOUT_S)
+                continue
+            if event is None:
+                break
+            block = f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
+            await asyncio.wait_for(response.write(block.encode()), SEND_TIMEOUT_S)
+        if listener.overflowed:
+            error = {"type": "error", "code": "events_overflow", "message": "events not read"}
+            with contextlib.suppress(TimeoutError):
+                data = f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+                await asyncio.wait_for(response.write(data), SEND_TIMEOUT_S)
+    except TimeoutError:
+        logger.info("event reader too slow: session=%s; closing", session.session_id)
+        if request.transport is not None:
+            request.transport.abort()
+    except ConnectionError:
+        pass
+    finally:
+        listener.close()
+    return response
+
+
+def add_stream_routes(app: web.Application) -> None:
+    app.router.add_get("/sessions/{session_id}/audio/stream", audio_stream)
+    app.router.add_get("/sessions/{session_id}/events", session_events)
