@@ -197,7 +197,9 @@ async def test_say_sample_and_interrupt_without_microphone(server: TestServer, p
     require_espeak()  # the server's text-to-speech engine
     await _start_call(page, server, microphone=False)
     status = page.get_by_role("status")
+    avatar = page.locator("#avatar-speaking")
     assert _session(server)["frames_inferred"] == 0, "no microphone, nothing said: no inference"
+    await expect(avatar).to_have_text("idle")
 
     await page.get_by_label("Text to say").fill("Hello, I am the demo avatar.")
     async with page.expect_response(_request_to("POST", "say")) as said:
@@ -215,12 +217,25 @@ async def test_say_sample_and_interrupt_without_microphone(server: TestServer, p
     assert (await pushed.value).status == 202, await (await pushed.value).text()
     assert (await (await pushed.value).json())["queued_ms"] > 1000  # the sample is 9 s long
     await expect(status).to_contain_text("Speaking the sample")
+    # The events arrive on the call's data channel: the page shows the avatar speaking.
+    sample = (await (await pushed.value).json())["utterance"]
+    await page.wait_for_function(
+        "() => window.lipstreamEvents.some("
+        f"e => e.type === 'speech_started' && e.utterance === {sample})"
+    )
+    await expect(avatar).to_have_text("speaking")
 
     async with page.expect_response(_request_to("POST", "interrupt")) as interrupted:
         await page.get_by_role("button", name="Interrupt").click()
     assert (await interrupted.value).status == 200, await (await interrupted.value).text()
     await expect(status).to_have_text("Interrupted.")
     assert _session(server)["queued_audio_s"] == 0
+    await page.wait_for_function("() => window.lipstreamEvents.some(e => e.type === 'interrupted')")
+    await expect(avatar).to_have_text("idle")
+    await expect(page.locator("#event-log")).to_contain_text("interrupted")
+    events = await page.evaluate("() => window.lipstreamEvents")
+    said = [e for e in events if e.get("source") == "say" and e["type"] != "queued_ms"]
+    assert [e["type"] for e in said] == ["speech_started", "speech_ended"], events
 
     before = (await _stats(page))["framesDecoded"]
     await page.wait_for_function(f"() => window.lipstreamStats.framesDecoded >= {before + 25}")

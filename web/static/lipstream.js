@@ -27,8 +27,6 @@ const DEFAULT_ICE_GATHERING_TIMEOUT_MS = 5000;
 const DEFAULT_CONNECT_TIMEOUT_MS = 20000;
 const HANG_UP_TIMEOUT_MS = 5000;
 const EVENTS_CHANNEL = "lipstream";
-const STREAM_RATES = Object.freeze([16000, 22050, 24000, 44100, 48000]);
-const STREAM_FORMATS = Object.freeze(["s16le", "f32le"]);
 // Typed arrays use the platform's byte order; the wire is little-endian.
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -402,20 +400,16 @@ export class Call extends EventTarget {
   /**
    * Open a WebSocket that streams PCM audio in as it is made (a streaming TTS, say):
    * `GET /sessions/{id}/audio/stream`. Resolves once the server is ready; a refusal
-   * rejects with the server's LipstreamError (`bad_stream_format`, `stream_busy`, …).
-   * @param {{format?: "s16le"|"f32le", rate?: number}} [options] what send() is given
-   *   as ArrayBuffers; typed arrays are converted to it
+   * rejects with the server's LipstreamError where the server can say why over plain
+   * HTTP (`bad_stream_format`, `session_not_found`, `unauthorized`), else with
+   * `stream_failed` (a second stream into the session, a proxy without WebSockets).
+   * @param {{format?: "s16le"|"f32le", rate?: number}} [options] the wire format (rate:
+   *   16000, 22050, 24000, 44100 or 48000 Hz); typed arrays given to send() are converted
+   *   to it, ArrayBuffers must already be in it
    * @returns {Promise<AudioStream>}
    */
   async streamAudio({ format = "s16le", rate = 16000 } = {}) {
     this._requireLive();
-    if (!STREAM_FORMATS.includes(format) || !STREAM_RATES.includes(rate)) {
-      throw new LipstreamError(
-        0,
-        "bad_stream_format",
-        `a stream takes format ${STREAM_FORMATS.join(" or ")} at ${STREAM_RATES.join(", ")} Hz`,
-      );
-    }
     const url = urlOf(this._baseUrl, sessionPath(this.sessionId, "audio/stream"));
     url.search = new URLSearchParams({ format, rate: String(rate), channels: "1" }).toString();
     if (this._token) url.searchParams.set("token", this._token); // browsers cannot set headers
@@ -676,17 +670,27 @@ export class AudioStream extends EventTarget {
 
   /**
    * Why the stream did not open. Browsers hide a refused handshake's answer, so ask the
-   * same URL over plain HTTP: the server checks a stream before the upgrade and answers
-   * its JSON error (400 bad_stream_format, 401, 404, 409 stream_busy).
+   * same URL over plain HTTP: the server checks the session, the token and the format
+   * first and answers their JSON error (400 bad_stream_format, 401, 404). Past those it
+   * wants a WebSocket (400 websocket_required), and the one refusal left is a second
+   * stream into the session (409 stream_busy), which plain HTTP cannot reach.
    */
   async _refusal(event) {
+    let answer = null;
     try {
       await request(this._url.origin, "GET", this._url.pathname + this._url.search);
     } catch (err) {
-      if (err instanceof LipstreamError && err.code !== "http_error" && err.code !== "network_error") return err;
+      answer = err instanceof LipstreamError ? err : null;
     }
-    const why = event.reason ? `: ${event.reason}` : "";
-    return new LipstreamError(0, "stream_failed", `The audio stream did not open (close code ${event.code}${why}).`);
+    const known = answer && !["http_error", "network_error", "websocket_required"].includes(answer.code);
+    if (known) return answer;
+    const closed = `close code ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
+    const why =
+      answer?.code === "websocket_required"
+        ? "the server accepts this session, token and format, so another stream is probably open " +
+          "into the session (stream_busy), or a proxy on the way does not pass WebSockets"
+        : "the server could not be asked why";
+    return new LipstreamError(0, "stream_failed", `The audio stream did not open (${closed}): ${why}.`);
   }
 }
 
