@@ -153,9 +153,10 @@ async def test_a_thousand_mutated_offers_get_4xx_while_a_call_keeps_streaming(
     changed = [sorted(set(sdp.split("\r\n")) - set(lines))[:2] for sdp in accepted[:3]]
     assert accepted == [], f"{len(accepted)} broken offers were answered, e.g. {changed}"
     assert sum(statuses.values()) == len(offers)
-    # The real call kept streaming the whole time, and still does.
+    # The real call kept streaming the whole time, and still does. (The thousand offers may
+    # take well under a second on a quick machine: count frames, not a rate.)
     received = len(caller.received.video_times)
-    assert received > frames_before + 25
+    assert received > frames_before
     await caller.wait_for_frames(received + 25)
     sessions = client.app[SESSIONS]  # type: ignore[index]
     assert [s.session_id for s in sessions.sessions] == [caller.session_id]
