@@ -180,6 +180,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "import_failed": BadRequest,  # 422: the folder or model cannot be imported
         "bad_audio": BadAudio,
         "bad_stream_format": BadStreamFormat,
+        "websocket_required": BadRequest,
         "bad_frame": BadFrame,
         "bad_message": BadMessage,
         # 401, 403

@@ -60,6 +60,7 @@ class Client:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
+        self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------
 
@@ -75,7 +76,8 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Close the HTTP session, if this client made it."""
+        """Close the HTTP session, if this client made it; the client is done then."""
+        self._closed = True
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -214,6 +216,8 @@ class Client:
             return await response.json()
 
     def _http(self) -> ClientSession:
+        if self._closed:
+            raise RuntimeError("this lipstream Client is closed")
         if self._session is None:
             self._session = ClientSession()
         return self._session

@@ -62,7 +62,8 @@ class SseParser:
 class EventStream:
     """A session's events: an async iterator of event dicts and an async context manager.
 
-    The request is made on the first iteration. The iteration ends after the server's
+    The request is made by ``async with`` (events from then on are not missed) or else by
+    the first iteration. The iteration ends after the server's
     ``session_ended`` (the server then ends the stream); an ``error`` event (the listener
     fell behind: ``events_overflow``) is raised as its typed :class:`LipstreamError`.
     ``last_seq`` is the ``seq`` of the last event, so a gap shows missed events.
@@ -76,7 +77,13 @@ class EventStream:
         self.last_seq: int | None = None
 
     async def __aenter__(self) -> EventStream:
+        await self.open()
         return self
+
+    async def open(self) -> None:
+        """Make the request; once it returns, the server is listening for this client."""
+        if self._response is None and not self._done:
+            self._response = await self._open_response()
 
     async def __aexit__(
         self,
@@ -92,8 +99,8 @@ class EventStream:
     async def __anext__(self) -> Event:
         if self._done:
             raise StopAsyncIteration
-        if self._response is None:
-            self._response = await self._open_response()
+        await self.open()
+        assert self._response is not None
         while True:
             line = await self._response.content.readline()
             if not line:  # the server ended the stream
