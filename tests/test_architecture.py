@@ -179,3 +179,22 @@ def test_long_modules_say_why_they_are_long() -> None:
         f"modules over {MAX_MODULE_LINES} lines without a 'Why one module' reason in their "
         "docstring:\n" + "\n".join(unexplained)
     )
+
+
+CLIENT = REPO / "clients" / "python" / "lipstream_client"
+#: What the Python client may not import: the server, and what only the server needs.
+CLIENT_FORBIDDEN = (*PACKAGES, "onnxruntime", "onnx", "cv2")
+
+
+def test_the_python_client_imports_nothing_of_the_server() -> None:
+    modules = sorted(CLIENT.rglob("*.py"))
+    assert modules, f"no modules under {CLIENT}"
+    wrong = [
+        f"{path.relative_to(REPO)} imports {imported}"
+        for path in modules
+        for imported in _imports(path)
+        if imported.split(".")[0] in CLIENT_FORBIDDEN
+    ]
+    assert not wrong, "lipstream_client must talk to the server over HTTP only:\n" + "\n".join(
+        wrong
+    )
