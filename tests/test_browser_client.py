@@ -51,7 +51,10 @@ CONNECT = """async ({base, token}) => {
   window.events = [];
   window.ended = null;
   call.addEventListener("event", (e) => window.events.push(e.detail));
-  call.addEventListener("ended", (e) => { window.ended = e.detail.reason; });
+  call.addEventListener("ended", (e) => {
+    window.ended = e.detail.reason;
+    window.endedError = e.detail.error?.message ?? null;
+  });
   return call.sessionId;
 }"""
 
@@ -267,8 +270,20 @@ async def test_stream_audio_sends_pcm_chunks_over_the_websocket(
     assert (ended["utterance"], ended["source"]) == (started["utterance"], "stream")
     assert ended["duration_ms"] == pytest.approx(2000, abs=40)  # what was sent, at 16 kHz
 
-    await _hang_up(page, server)
-    await page.wait_for_function("() => !window.stream.open")
+    # The server ends the session: session_ended reaches the page, the call ends itself.
+    assert server.app is not None
+    (session,) = server.app[SESSIONS].sessions
+    await session.close("ended by the test")
+    await page.wait_for_function("() => window.ended !== null && !window.stream.open")
+    messages = await page.evaluate("() => window.streamMessages")
+    assert messages[-1]["type"] == "session_ended"
+    assert messages[-1]["reason"] == "ended by the test"
+    assert await page.evaluate("() => window.endedError") is None  # not a failure
+    # docs/apps.md sends session_ended on the data channel too; where it arrives the call
+    # ends with its reason, else with the clean DTLS close that follows it.
+    reasons = {e["reason"] for e in await _events(page, "session_ended")} or {"ended by the server"}
+    assert await page.evaluate("() => window.ended") in reasons
+    assert await page.evaluate("() => window.call.closed")
 
 
 async def test_server_errors_reject_with_lipstream_error(server: TestServer, page: Page) -> None:

@@ -288,6 +288,7 @@ export async function connect({
     call._started(answer);
     signal?.throwIfAborted(); // aborted while the server answered: end the session it made
     await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+    call._watchTransport();
     await call._connected(connectTimeoutMs, signal);
     return call;
   } catch (err) {
@@ -304,7 +305,9 @@ export async function connect({
  *   as `event`, for logs;
  * - `connectionstatechange` (detail: `{state}`, the peer connection's state);
  * - `ended` once, when the call is over for any reason (detail: `{reason, error}`; error
- *   is null after hangUp() and a server-side end, a LipstreamError after a failure).
+ *   is null after hangUp() and when the server ended the session (reason: the
+ *   `session_ended` event's, or `ended by the server` when the connection closed without
+ *   it), a LipstreamError after a failure).
  */
 export class Call extends EventTarget {
   /** @internal use connect() */
@@ -506,8 +509,29 @@ export class Call extends EventTarget {
     const state = this.pc.connectionState;
     this.dispatchEvent(new CustomEvent("connectionstatechange", { detail: { state } }));
     if (state === "failed" && !this.closed && this.sessionId) {
-      this._end("connection failed", connectionFailed(), { hangUp: true }).catch(() => {});
+      if (this._closedByServer()) this._end("ended by the server", null, { hangUp: false });
+      else this._end("connection failed", connectionFailed(), { hangUp: true }).catch(() => {});
     }
+  }
+
+  _dtlsTransport() {
+    return this.pc.sctp?.transport ?? this.pc.getReceivers()[0]?.transport ?? null;
+  }
+
+  /** True once the server has closed DTLS cleanly (close_notify): it ended the session. */
+  _closedByServer() {
+    return this._dtlsTransport()?.state === "closed";
+  }
+
+  /** End the call as soon as the server closes DTLS: the connection state would take
+   * seconds to turn "failed" (ICE consent) after it. */
+  _watchTransport() {
+    const transport = this._dtlsTransport();
+    transport?.addEventListener("statechange", () => {
+      if (transport.state === "closed" && !this.closed && this.sessionId) {
+        this._end("ended by the server", null, { hangUp: false });
+      }
+    });
   }
 
   /** End the call once; `hangUp` ends the server's session first. */
