@@ -307,3 +307,13 @@ async def test_server_errors_reject_with_lipstream_error(server: TestServer, pag
     assert (error["status"], error["code"]) == (404, "model_not_found")
     assert "no-such-avatar" in error["message"]
     await until(lambda: _live_sessions(server) == 0, "no session left behind")
+
+
+async def test_leaving_the_page_hangs_up(server: TestServer, page: Page, app_origin: str) -> None:
+    await _connect(page, server)
+    assert server.app is not None
+    (session,) = server.app[SESSIONS].sessions
+    await page.goto(f"{app_origin}/?next")  # pagehide: a keepalive DELETE, across origins
+    await until(lambda: session.end_reason is not None, "the session to end")
+    assert session.end_reason == "hung up by API"
+    assert _live_sessions(server) == 0
