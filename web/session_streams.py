@@ -65,6 +65,10 @@ async def audio_stream(request: web.Request) -> web.WebSocketResponse:
         )
     stream = session.app_audio.open_stream(stream_format)  # 409 while another stream is open
     listener = session.events.listen()
+    lagging: list[asyncio.Task[None]] = []
+    listener.on_overflow = lambda: lagging.append(
+        asyncio.create_task(_close_lagging(ws, request), name="ws-close-lagging")
+    )
     try:
         await ws.prepare(request)
         await ws.send_json(
@@ -87,7 +91,19 @@ async def audio_stream(request: web.Request) -> web.WebSocketResponse:
     finally:
         stream.close()
         listener.close()
+        await asyncio.gather(*lagging, return_exceptions=True)
     return ws
+
+
+async def _close_lagging(ws: web.WebSocketResponse, request: web.Request) -> None:
+    """Close a stream whose client stopped reading events: 1008 ``events_overflow`` if
+    the close can still go out, else drop the connection."""
+    logger.info("event reader too slow: %s; closing", request.path)
+    try:
+        await asyncio.wait_for(ws.close(code=OVERFLOW_CLOSE[0], message=OVERFLOW_CLOSE[1]), 2.0)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
 
 
 async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session) -> None:
@@ -147,25 +163,19 @@ async def _send_events(
     ws: web.WebSocketResponse, listener: EventListener, request: web.Request
 ) -> None:
     """Forward the session's events; close when the session ends or the client lags."""
-    code, reason = 1000, b"session ended"
     try:
         async for event in listener:
             await asyncio.wait_for(ws.send_json(event), SEND_TIMEOUT_S)
-        if listener.overflowed:
-            code, reason = OVERFLOW_CLOSE
-        elif not listener.closed:
-            return
-    except TimeoutError:
-        code, reason = OVERFLOW_CLOSE
+    except TimeoutError:  # one event could not go out in time: the client is not reading
+        await _close_lagging(ws, request)
+        return
     except ConnectionError:
         return
-    if code != 1000:
-        logger.info("event reader too slow: session=%s; closing", listener.session_id)
-    try:
-        await asyncio.wait_for(ws.close(code=code, message=reason), SEND_TIMEOUT_S)
-    except TimeoutError:  # it does not read even the close: drop the connection
-        if request.transport is not None:
-            request.transport.abort()
+    if listener.overflowed:
+        return  # on_overflow closes it
+    # The session ended (its session_ended went out) or the client left.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ws.close(code=1000, message=b"session ended"), SEND_TIMEOUT_S)
 
 
 async def session_events(request: web.Request) -> web.StreamResponse:

@@ -10,6 +10,7 @@ a caller that stops reading (its SCTP window closed) is cut off once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -68,5 +69,18 @@ async def serve_data_channel(
                 )
                 return
             channel.send(json.dumps(event))
+        await _flushed(channel)
     finally:
         listener.close()
+
+
+async def _flushed(channel: RTCDataChannel) -> None:
+    """Return once aiortc has handed everything sent to SCTP (so that ``session_ended``
+    is on the wire before the session closes the connection), or after a second."""
+    if channel.readyState != "open" or channel.bufferedAmount == 0:
+        return
+    drained = asyncio.Event()
+    channel.bufferedAmountLowThreshold = 0
+    channel.once("bufferedamountlow", drained.set)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(drained.wait(), 1.0)

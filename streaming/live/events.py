@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class EventListener:
         self._wake = asyncio.Event()
         self.closed = False
         self.overflowed = False  # closed because the reader fell queue_size events behind
+        # Called once on overflow: a reader stuck in a blocked write never sees get() end.
+        self.on_overflow: Callable[[], None] | None = None
 
     def offer(self, event: Event) -> None:
         """Queue ``event`` (the hub calls this for every event it publishes)."""
@@ -53,6 +56,8 @@ class EventListener:
             logger.info(
                 "event listener overflowed: session=%s queued=%d", event["session_id"], len(queue)
             )
+            if self.on_overflow is not None:
+                self.on_overflow()
             return
         else:
             queue.append(event)

@@ -63,6 +63,11 @@ class _SampleQueue:
         self.size -= filled
         return filled
 
+    def snapshot(self) -> np.ndarray:
+        """A copy of every queued sample, in order."""
+        parts = [self._blocks[0][self._offset :], *list(self._blocks)[1:]] if self._blocks else []
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
     def drop_oldest(self, count: int) -> None:
         self.take_into(np.zeros(count, dtype=np.float32))
 
@@ -151,6 +156,10 @@ class AudioMixer:
                 f"{self._max_pushed / OUT_RATE:.0f} s ({self.pushed_seconds:.1f} s queued); "
                 "wait for it to play or interrupt"
             )
+
+    def pushed_samples(self) -> np.ndarray:
+        """A copy of the pushed audio waiting to be played (48 kHz), for inspection."""
+        return self._pushed.snapshot()
 
     @property
     def pushed_seconds(self) -> float:

@@ -14,6 +14,7 @@ taken, so the hot path pays nothing for them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from inference_core.features.stream import FeatureKind, lookahead_ms
 from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
 from streaming.webrtc.compat import sender_encoder
 from streaming.webrtc.tracks import AUDIO_CHUNK_S
+
+logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
@@ -250,6 +253,32 @@ class SessionReport:
         self._wall_clock = wall_clock
         self.created_at = wall_clock()
         self._output_rate = RecentRate()
+
+    def log_end(
+        self, reason: str, *, frames_sent: int, frames_skipped: int, inbound_skipped_ms: float
+    ) -> None:
+        """The one log line of an ended call: its counters and its delay figures."""
+        added = self.stats.added_delay()
+        logger.info(
+            "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
+            "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
+            "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f "
+            "added_delay_stages_ms=%s sending_ms=%s",
+            self.session_id,
+            self.avatar_id,
+            reason,
+            frames_sent,
+            self.stats.frames_inferred,
+            frames_skipped,
+            self.stats.frames_dropped,
+            inbound_skipped_ms,
+            self.delay_s * 1000,
+            self.lookahead_ms,
+            added.p50,
+            added.p95,
+            added.stages,
+            added.sending,
+        )
 
     def snapshot(
         self,

@@ -74,6 +74,9 @@ from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 __all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "Session"]
 
+#: Seconds a closing session gives its data channels to send ``session_ended``.
+FLUSH_EVENTS_S = 1.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -185,6 +188,7 @@ class Session:
         )
         self.audio = AvatarAudioTrack(self._clock, self._buffers.take_chunk)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._event_channels: list[asyncio.Task[None]] = []  # data channels' forwarders
         self._closed = False
 
     @property
@@ -274,9 +278,11 @@ class Session:
     def serve_data_channel(self, channel: RTCDataChannel) -> None:
         """Send this session's events on the caller's ``lipstream`` data channel and take
         its ``interrupt`` messages (``docs/apps.md``)."""
-        self._spawn(
-            serve_data_channel(channel, self.events.listen(), self.interrupt),
-            f"data-channel-{self.session_id[:8]}",
+        self._event_channels.append(
+            self._spawn(
+                serve_data_channel(channel, self.events.listen(), self.interrupt),
+                f"data-channel-{self.session_id[:8]}",
+            )
         )
 
     @property
@@ -311,10 +317,11 @@ class Session:
 
     # -- lifetime ---------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -341,6 +348,8 @@ class Session:
         self.state = "closed"
         self.end_reason = reason
         self.events.end(reason)
+        if self._event_channels:  # session_ended goes out before the connection closes
+            await asyncio.wait(self._event_channels, timeout=FLUSH_EVENTS_S)
         current = asyncio.current_task()  # close() may be called from one of our tasks
         tasks = [t for t in (*self._tasks, *self._renderer.in_flight) if t is not current]
         for task in tasks:
@@ -355,26 +364,11 @@ class Session:
                 "closing the peer connection failed: session=%s", self.session_id, exc_info=True
             )
         self.model.close()
-        added = self.stats.added_delay()
-        logger.info(
-            "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
-            "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
-            "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f "
-            "added_delay_stages_ms=%s sending_ms=%s",
-            self.session_id,
-            self.avatar_id,
+        self._report.log_end(
             reason,
-            self.video.frames_sent,
-            self.stats.frames_inferred,
-            self.video.frames_skipped,
-            self.stats.frames_dropped,
-            self._mixer.inbound_skipped_ms,
-            self.delay_s * 1000,
-            self.lookahead_ms,
-            added.p50,
-            added.p95,
-            added.stages,
-            added.sending,
+            frames_sent=self.video.frames_sent,
+            frames_skipped=self.video.frames_skipped,
+            inbound_skipped_ms=self._mixer.inbound_skipped_ms,
         )
         if self._on_closed is not None:
             self._on_closed(self)
