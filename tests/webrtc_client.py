@@ -1,26 +1,21 @@
-"""An in-process WebRTC client for tests: offers to the server, records what comes back."""
+"""The tests' WebRTC caller: :mod:`lipstream_client` calls, and this records what comes back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import av
 import numpy as np
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
+from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.contrib.media import MediaPlayer
-from aiortc.mediastreams import MediaStreamError
 
+import lipstream_client as lc
 from streaming.webrtc.compat import negotiated_codecs
 from tests.live_calls import TIMEOUT_S, until
 
@@ -41,8 +36,10 @@ class Received:
 class Caller:
     """One call: optional microphone from a WAV file, receives video and audio.
 
-    ``client`` is the in-process test client, or a ``ClientSession(base_url=...)`` for a
-    server in another process. ``configuration`` sets ICE servers (a TURN relay).
+    A thin layer on :mod:`lipstream_client` (:func:`lipstream_client.open_call`) that
+    records what arrives for the tests. ``client`` is the in-process test client, or a
+    ``ClientSession(base_url=...)`` for a server in another process. ``headers`` may carry
+    ``Authorization: Bearer <token>``. ``configuration`` sets ICE servers (a TURN relay).
     """
 
     def __init__(
@@ -60,71 +57,74 @@ class Caller:
         self.received = Received()
         self.session_id = ""
         self.player: MediaPlayer | None = None
+        self.call: lc.Call | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.keep_luma = True
         self.audio = True  # offer to receive audio
-        self._first_pts: dict[str, int] = {}
+
+    def _lipstream(self) -> lc.Client:
+        """The client library on this caller's HTTP session (which it does not close)."""
+        unknown = set(self.headers) - {"Authorization"}
+        assert not unknown, f"Caller sends only a bearer token, not {unknown}"
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ") or None
+        if isinstance(self.client, TestClient):
+            return lc.Client(
+                str(self.client.make_url("")), token=token, session=self.client.session
+            )
+        # A ClientSession with a base_url: paths stay relative to it.
+        return lc.Client("", token=token, session=self.client)
 
     async def connect_without_answer(self) -> None:
         """Send an offer but never apply the answer: ICE can never connect."""
         self.pc.addTransceiver("video", direction="recvonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        local = self.pc.localDescription
-        response = await self.client.post(
-            "/offer", json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar}
-        )
-        assert response.status == 200, await response.text()
-        self.session_id = (await response.json())["session_id"]
+        answer = await self._lipstream().offer(self.pc.localDescription.sdp, self.avatar)
+        self.session_id = answer.session_id
 
     async def connect(self, microphone: Path | None = None) -> None:
+        track = None
         if microphone is not None:
             self.player = MediaPlayer(str(microphone))
-            self.pc.addTrack(self.player.audio)
-        elif self.audio:
-            self.pc.addTransceiver("audio", direction="recvonly")
-        self.pc.addTransceiver("video", direction="recvonly")
-
-        @self.pc.on("track")
-        def on_track(track: MediaStreamTrack) -> None:
-            self._tasks.append(asyncio.create_task(self._consume(track)))
-
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        local = self.pc.localDescription
-        response = await self.client.post(
-            "/offer",
-            json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar},
-            headers=self.headers,
+            track = self.player.audio
+        self.call = await lc.open_call(
+            self._lipstream(),
+            self.avatar,
+            pc=self.pc,
+            microphone=track,
+            receive_audio=self.audio or track is not None,
+            data_channel=False,
+            # What arrives is recorded as it comes; the bounds only stop a stuck test.
+            queues=lc.QueueSizes(video=1500, audio=3000),
         )
-        assert response.status == 200, await response.text()
-        answer = await response.json()
-        self.session_id = answer["session_id"]
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        self.session_id = self.call.session_id
         for transceiver in self.pc.getTransceivers():
             codecs = negotiated_codecs(transceiver)
             if transceiver.kind == "video" and codecs:
                 self.received.video_codec = codecs[0].mimeType
+        self._tasks = [
+            asyncio.create_task(self._record_video(self.call.video_frames())),
+            asyncio.create_task(self._record_audio(self.call.audio_frames())),
+        ]
 
-    async def _consume(self, track: MediaStreamTrack) -> None:
-        with contextlib.suppress(MediaStreamError):
-            while True:
-                frame = await track.recv()
-                # RTP timestamps start at a random offset: count from the first frame,
-                # which is the session's frame 0 (the server starts its clock on it).
-                first = self._first_pts.setdefault(track.kind, int(frame.pts))
-                pts = int(frame.pts) - first
-                if isinstance(frame, av.VideoFrame):
-                    r = self.received
-                    r.video_times.append(time.monotonic())
-                    r.video_pts.append(pts)
-                    r.size = (frame.width, frame.height)
-                    if self.keep_luma:
-                        index = round(pts * 25 / 90_000)
-                        r.luma[index] = frame.to_ndarray(format="yuv420p")[: frame.height]
-                elif isinstance(frame, av.AudioFrame):
-                    pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                    self.received.audio_samples += frame.samples
-                    rms = float(np.sqrt(np.mean(pcm**2)))
-                    self.received.audio_energy.append((pts, rms))
+    async def _record_video(self, frames: AsyncIterator[lc.VideoFrame]) -> None:
+        r = self.received
+        async for received in frames:
+            frame = received.frame
+            r.video_times.append(received.received_at)
+            # Counted from the first frame, the session's frame 0 (the client does this).
+            r.video_pts.append(round(received.media_ms * 90))
+            r.size = (frame.width, frame.height)
+            if self.keep_luma:
+                r.luma[received.index] = frame.to_ndarray(format="yuv420p")[: frame.height]
+
+    async def _record_audio(self, frames: AsyncIterator[lc.AudioFrame]) -> None:
+        r = self.received
+        async for received in frames:
+            frame = received.frame
+            pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+            r.audio_samples += frame.samples
+            pts = round(received.media_ms * frame.sample_rate / 1000)
+            r.audio_energy.append((pts, float(np.sqrt(np.mean(pcm**2)))))
 
     def fps_since(self, seconds_ago: float) -> float:
         """Frames per second received over the last ``seconds_ago`` seconds.
@@ -165,13 +165,18 @@ class Caller:
         await until(reached, f"{seconds:g} s of the call's media", timeout_s=timeout_s)
 
     async def hang_up(self) -> None:
-        if self.session_id:
-            await self.client.delete(f"/sessions/{self.session_id}", headers=self.headers)
+        if self.call is not None:
+            await self.call.hang_up()
+        elif self.session_id:
+            with contextlib.suppress(lc.SessionNotFound):
+                await self._lipstream().hang_up(self.session_id)
         await self.close()
 
     async def close(self) -> None:
         if self.player is not None and self.player.audio is not None:
             self.player.audio.stop()
+        if self.call is not None:
+            await self.call.close()
         await self.pc.close()
         for task in self._tasks:
             task.cancel()

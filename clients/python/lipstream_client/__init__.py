@@ -13,7 +13,7 @@ server's packages (``config``, ``inference_core``, ``compositor``, ``streaming``
 from __future__ import annotations
 
 from lipstream_client.audio_stream import AudioStream
-from lipstream_client.call import Call, connect
+from lipstream_client.call import Call, connect, open_call
 from lipstream_client.errors import (
     ERRORS_BY_CODE,
     AudioQueueFull,
@@ -95,4 +95,5 @@ __all__ = [
     "VideoFrame",
     "WebRtcConfig",
     "connect",
+    "open_call",
 ]

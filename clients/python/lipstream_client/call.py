@@ -280,6 +280,14 @@ class Call:
         finally:
             await self._close()
 
+    async def close(self) -> None:
+        """Close the peer connection and stop the receive tasks without telling the
+        server (it notices the call vanished); :meth:`hang_up` is the polite end."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+
     async def _close(self) -> None:
         await self.pc.close()
         for task in self._tasks:
@@ -316,40 +324,77 @@ async def connect(
     (``receive_audio``) or left out. ``ice_servers`` default to the server's
     ``GET /webrtc-config`` list (never aiortc's default public STUN server). ``fps`` is
     the avatar's frame rate, for :attr:`VideoFrame.index`; ``queues`` bounds the receive
-    queues (:class:`QueueSizes`). Raises :class:`ConnectionFailed`
-    when the call is not connected within ``timeout_s``, and the server's refusals as their
+    queues (:class:`QueueSizes`). Raises :class:`ConnectionFailed` when the call is not
+    connected within ``timeout_s``, and the server's refusals as their
     :class:`LipstreamError`; nothing is left open then.
     """
-    queues = queues or QueueSizes()
     client = Client(base_url, token=token, session=session)
     call: Call | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            if ice_servers is None:
-                ice_servers = (await client.webrtc_config()).ice_servers
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=_rtc_ice_servers(ice_servers)))
-            call = Call(client, pc, fps=fps, queues=queues, owns_client=True)
-            if microphone is not None:
-                pc.addTransceiver(microphone, direction="sendrecv" if receive_audio else "sendonly")
-            elif receive_audio:
-                pc.addTransceiver("audio", direction="recvonly")
-            pc.addTransceiver("video", direction="recvonly")
-            if data_channel:
-                call._open_events_channel(queues.events)
-            await call._offer(avatar)
+            call = await open_call(
+                client,
+                avatar,
+                microphone=microphone,
+                receive_audio=receive_audio,
+                data_channel=data_channel,
+                ice_servers=ice_servers,
+                queues=queues,
+                fps=fps,
+            )
+            call._owns_client = True
             await call.wait_connected()
         return call
     except BaseException as exc:
         if call is not None:
             await call.hang_up()
-        else:
-            await client.close()
+        await client.close()
         if isinstance(exc, TimeoutError):
             raise ConnectionFailed(
                 f"the call to {avatar!r} did not connect within {timeout_s:g} s",
                 code="connection_failed",
             ) from None
         raise
+
+
+async def open_call(
+    client: Client,
+    avatar: str,
+    *,
+    pc: RTCPeerConnection | None = None,
+    microphone: MediaStreamTrack | None = None,
+    receive_audio: bool = True,
+    data_channel: bool = True,
+    ice_servers: Sequence[IceServer] | None = None,
+    queues: QueueSizes | None = None,
+    fps: int = 25,
+) -> Call:
+    """The offer and answer of :func:`connect`, on ``client``, without waiting for ICE.
+
+    ``pc`` is a peer connection of your own, with its own ICE configuration (then
+    ``ice_servers`` is not used); the call adds its transceivers and data channel to it,
+    and closes it on hang-up. ``client`` stays open after the call. A refused offer
+    closes what was opened and raises.
+    """
+    queues = queues or QueueSizes()
+    if pc is None:
+        if ice_servers is None:
+            ice_servers = (await client.webrtc_config()).ice_servers
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=_rtc_ice_servers(ice_servers)))
+    call = Call(client, pc, fps=fps, queues=queues, owns_client=False)
+    try:
+        if microphone is not None:
+            pc.addTransceiver(microphone, direction="sendrecv" if receive_audio else "sendonly")
+        elif receive_audio:
+            pc.addTransceiver("audio", direction="recvonly")
+        pc.addTransceiver("video", direction="recvonly")
+        if data_channel:
+            call._open_events_channel(queues.events)
+        await call._offer(avatar)
+    except BaseException:
+        await call.hang_up()
+        raise
+    return call
 
 
 def _rtc_ice_servers(servers: Sequence[IceServer]) -> list[RTCIceServer]:
