@@ -56,6 +56,9 @@ async def audio_stream(request: web.Request) -> web.WebSocketResponse:
     """Stream PCM into a session as it is made; the session's events come back."""
     session = _session(request)
     stream_format = StreamFormat.parse(request.query)
+    # Before the upgrade check: a browser learns why its handshake failed by asking the
+    # same URL over plain HTTP, and should hear "busy" then, not "not a WebSocket".
+    session.app_audio.check_stream_free()
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         raise RequestError(

@@ -58,14 +58,22 @@ class AppAudio:
         self._queued(queued)
         return queued
 
-    def open_stream(self, stream_format: StreamFormat) -> AudioStreamIn:
-        """Start the session's audio stream (one at a time: ``StreamBusyError``)."""
-        session_id = self._events.session_id
+    def check_stream_free(self) -> None:
+        """Raise ``StreamBusyError`` while the session's audio stream is open."""
         if self._stream is not None:
             raise StreamBusyError(
-                f"session {session_id} already has an audio stream open; close it first "
-                "(one stream per session, so utterances do not interleave)"
+                f"session {self._events.session_id} already has an audio stream open; close "
+                "it first (one stream per session, so utterances do not interleave)"
             )
+
+    @property
+    def stream_open(self) -> bool:
+        return self._stream is not None
+
+    def open_stream(self, stream_format: StreamFormat) -> AudioStreamIn:
+        """Start the session's audio stream (one at a time: ``StreamBusyError``)."""
+        self.check_stream_free()
+        session_id = self._events.session_id
         stream = AudioStreamIn(
             self._mixer,
             PcmStreamDecoder(stream_format),
