@@ -7,7 +7,7 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
-.venv/bin/python -m pip install --quiet -e clients/python
+.venv/bin/python -m pip install --quiet -e 'clients/python[pipecat]'
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/pytest "$@"

@@ -1,0 +1,289 @@
+"""The Pipecat service (``lipstream_client.pipecat``) in a real Pipecat pipeline.
+
+No network services: a local processor plays the text-to-speech engine (espeak-ng
+speech at 24 kHz, in 20 and 40 ms ``TTSAudioRawFrame`` chunks between
+``TTSStartedFrame`` and ``TTSStoppedFrame``), :class:`LipstreamVideoService` sends it
+to the demo avatar of a real ``lipstream serve``, and a sink collects what the service
+pushes on: RGB video frames, the avatar's voice, and the frames it passes through.
+
+What is asserted is counted in frames on the session's media timeline, never in
+wall-clock rates (tests/live_calls.py): video frames per second of received voice, the
+demo avatar's mouth (the luma of its mouth box against its own closed mouth, as
+tests/test_streaming.py's ``MouthProbe``) open while the avatar speaks and still in the
+silence after, and still from 5 frames (200 ms) after a Pipecat interruption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lipstream_client as lc
+from compositor.yuv import bgr_to_i420
+from inference_core.assets.demo_avatar import ensure_demo_avatar
+from inference_core.avatars.package import AvatarPackage
+from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
+from tests.media import espeak_wav, read_wav, resample_linear
+from tests.server_process import lipstream_serve
+from tests.test_streaming import MouthProbe
+
+INSTALL = "pip install -e 'clients/python[pipecat]' (scripts/test.sh does)"
+try:
+    with warnings.catch_warnings():
+        # Pipecat imports audioop, deprecated since Python 3.11.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from pipecat.frames.frames import (
+            EndFrame,
+            Frame,
+            InterruptionFrame,
+            OutputImageRawFrame,
+            SpeechOutputAudioRawFrame,
+            StartFrame,
+            TTSAudioRawFrame,
+            TTSStartedFrame,
+            TTSStoppedFrame,
+        )
+        from pipecat.pipeline.pipeline import Pipeline
+        from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+        from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+        from pipecat.workers.runner import WorkerRunner
+
+        from lipstream_client.pipecat import LipstreamVideoService
+    PIPECAT_MISSING = ""
+except ImportError as exc:  # a broken test environment: the test fails, it is not skipped
+    PIPECAT_MISSING = f"{exc}: {INSTALL}"
+
+logger = logging.getLogger(__name__)
+
+RATE = 24_000
+FPS = 25
+#: The demo avatar's mouth: open while speaking above this, at rest below REST.
+OPEN, REST = 8.0, 4.0
+#: Audio chunks as a streaming TTS makes them: 20 and 40 ms, in turn.
+CHUNK_SAMPLES = (RATE // 50, RATE // 25)
+
+
+def spoken(tmp_path: Path, name: str, text: str) -> np.ndarray:
+    """``text`` from espeak-ng as 24 kHz int16, trimmed to where it is loud."""
+    pcm, rate = read_wav(espeak_wav(tmp_path / f"{name}.wav", text))
+    pcm = resample_linear(pcm, rate, RATE)
+    loud = np.flatnonzero(np.abs(pcm) > 0.01)
+    return (pcm[loud[0] : loud[-1] + 1] * 32767).astype(np.int16)
+
+
+if not PIPECAT_MISSING:
+
+    class FakeTts(FrameProcessor):
+        """Says int16 speech as a streaming TTS service does; passes every frame on."""
+
+        async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            await self.push_frame(frame, direction)
+
+        async def say(self, pcm: np.ndarray) -> None:
+            await self.push_frame(TTSStartedFrame())
+            start, turn = 0, 0
+            while start < len(pcm):
+                size = CHUNK_SAMPLES[turn % 2]
+                chunk = pcm[start : start + size].tobytes()
+                await self.push_frame(
+                    TTSAudioRawFrame(audio=chunk, sample_rate=RATE, num_channels=1)
+                )
+                start, turn = start + size, turn + 1
+            await self.push_frame(TTSStoppedFrame())
+
+    @dataclass
+    class Seen:
+        """A received video frame: its session index, arrival and mouth difference."""
+
+        index: int
+        received_at: float
+        mouth: float
+
+    @dataclass
+    class Collected:
+        video: list[Seen] = field(default_factory=list)
+        sizes: set[tuple[tuple[int, int], str | None, int]] = field(default_factory=set)
+        voice_samples: int = 0
+        voice_rates: set[int] = field(default_factory=set)
+        loud_ms: list[float] = field(default_factory=list)
+        passed: list[str] = field(default_factory=list)
+
+    class Sink(FrameProcessor):
+        """Collects what reaches the end of the pipeline, keeping numbers, not images."""
+
+        def __init__(self, probe: MouthProbe) -> None:
+            super().__init__()
+            self.probe = probe
+            self.got = Collected()
+
+        async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            got = self.got
+            if isinstance(frame, OutputImageRawFrame):
+                width, height = frame.size
+                got.sizes.add((frame.size, frame.format, len(frame.image)))
+                rgb = np.frombuffer(frame.image, np.uint8).reshape(height, width, 3)
+                luma = bgr_to_i420(np.ascontiguousarray(rgb[:, :, ::-1]))[:height]
+                index = int(frame.metadata["lipstream_index"])
+                mouth = self.probe.diff(index, luma)
+                got.video.append(Seen(index, float(frame.metadata["lipstream_received_at"]), mouth))
+            elif isinstance(frame, SpeechOutputAudioRawFrame):
+                got.voice_rates.add(frame.sample_rate)
+                got.voice_samples += frame.num_frames
+                samples = np.frombuffer(frame.audio, "<i2").astype(np.float32) / 32768
+                if len(samples) and float(np.sqrt(np.mean(samples**2))) > 0.02:
+                    got.loud_ms.append(float(frame.metadata["lipstream_media_ms"]))
+            elif not isinstance(frame, StartFrame):
+                got.passed.append(type(frame).__name__)
+            await self.push_frame(frame, direction)
+
+
+def mouths(video: list[Seen], first: float, last: float) -> list[float]:
+    """The mouth differences of the frames with ``first <= index < last``."""
+    return [s.mouth for s in video if first <= s.index < last]
+
+
+@pytest.mark.slow
+async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
+    tmp_path: Path, loopback: None
+) -> None:
+    if PIPECAT_MISSING:
+        pytest.fail(PIPECAT_MISSING)
+    hello = spoken(tmp_path, "hello", "hello there, how are you doing today")
+    long = spoken(
+        tmp_path, "long", "this is a long sentence that keeps on going and going for a good while"
+    )
+    assert len(long) / RATE > 3.0
+    # One YAML line per key: the session section rides on the last server line's end.
+    server_lines = {
+        "ice_loopback_only": f"true\nsession:\n  pipeline_margin_ms: {GENEROUS_MARGIN_MS}"
+    }
+    async with lipstream_serve(tmp_path, server=server_lines) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        probe = MouthProbe(AvatarPackage.load(ensure_demo_avatar(tmp_path / "data")))
+        tts, avatar, sink = (
+            FakeTts(),
+            LipstreamVideoService(base_url=url, avatar="demo"),
+            Sink(probe),
+        )
+        events: list[lc.Event] = []
+
+        @avatar.event_handler("on_speech_started")
+        @avatar.event_handler("on_speech_ended")
+        @avatar.event_handler("on_interrupted")
+        async def on_event(service: LipstreamVideoService, event: lc.Event) -> None:
+            events.append(event)
+
+        def event(kind: str, utterance: int) -> lc.Event | None:
+            for e in events:
+                if e["type"] == kind and utterance in e.get("utterances", [e.get("utterance")]):
+                    return e
+            return None
+
+        worker = PipelineWorker(
+            Pipeline([tts, avatar, sink]),
+            params=PipelineParams(audio_out_sample_rate=RATE),
+            enable_rtvi=False,
+            idle_timeout_secs=None,
+            cancel_on_idle_timeout=False,
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run(), name="pipecat-runner")
+        got = sink.got
+        try:
+            await until(lambda: len(got.video) >= FPS, "the avatar's first second")
+            assert avatar.call is not None
+            session_id = avatar.call.session_id
+
+            # An utterance, then silence.
+            await tts.say(hello)
+            ended = await until(lambda: event("speech_ended", 1), "the first utterance to end")
+            started = event("speech_started", 1)
+            assert started is not None
+            first, last = started["media_ms"] / 40, ended["media_ms"] / 40
+            assert last - first == pytest.approx(len(hello) / RATE * FPS, abs=2)
+            quiet_until = last + 2.5 * FPS
+            await until(lambda: got.video[-1].index >= quiet_until, "2.5 s of silence after it")
+            slack = 0.3 * FPS
+            speaking = mouths(got.video, first + slack, last - slack)
+            before = mouths(got.video, 0.5 * FPS, first - slack)
+            after = mouths(got.video, last + 1.0 * FPS, quiet_until)
+            assert speaking
+            assert before
+            assert after
+            assert np.mean(np.array(speaking) > OPEN) > 0.5, f"mouth still in speech: {speaking}"
+            assert max(before + after) < REST, f"mouth moved in silence: {before + after}"
+            # The voice is the avatar's, lip-synced: loud where the utterance is.
+            loud_frames = [ms / 40 for ms in got.loud_ms]
+            assert loud_frames
+            assert first - 2 <= min(loud_frames)
+            assert max(loud_frames) <= last + 2
+
+            # A long utterance, interrupted in the middle.
+            await tts.say(long)
+            started = await until(lambda: event("speech_started", 2), "the second utterance")
+            into = started["media_ms"] / 40 + FPS
+            await until(lambda: got.video[-1].index >= into, "a second of the long utterance")
+            interrupted_at = time.monotonic()
+            await worker.queue_frame(InterruptionFrame())
+            cut = max(s.index for s in got.video if s.received_at <= interrupted_at)
+            interrupted = await until(lambda: event("interrupted", 2), "the interrupted event")
+            assert interrupted["dropped_ms"] > 500
+            await until(lambda: got.video[-1].index >= cut + 5 + 2 * FPS, "2 s after the cut")
+            assert max(mouths(got.video, cut - FPS, cut + 1)) > OPEN, "not speaking when cut"
+            tail = mouths(got.video, cut + 5, cut + 5 + 2 * FPS)
+            assert len(tail) >= 1.5 * FPS
+            assert max(tail) < REST, f"mouth moved after the interruption: {tail}"
+
+            stats = avatar.stats
+            await worker.queue_frame(EndFrame())
+            async with asyncio.timeout(TIMEOUT_S):
+                await running
+        finally:
+            if not running.done():
+                await worker.cancel()
+                await running
+
+        # Counted on the media timeline: 25 frames a second of index span, and of voice.
+        indices = [s.index for s in got.video]
+        span = indices[-1] - indices[0] + 1
+        voice_s = got.voice_samples / RATE
+        assert indices == sorted(indices)
+        assert len(indices) / span > 0.9, (len(indices), span, stats)
+        assert len(indices) / (voice_s * FPS) == pytest.approx(1.0, abs=0.1), (
+            len(indices),
+            voice_s,
+        )
+        assert got.sizes == {((1280, 720), "RGB", 1280 * 720 * 3)}
+        assert got.voice_rates == {RATE}
+        # The TTS audio stopped at the service; the rest went on, interruption included.
+        assert "TTSAudioRawFrame" not in got.passed
+        assert {"TTSStartedFrame", "TTSStoppedFrame", "InterruptionFrame"} <= set(got.passed)
+        assert got.passed[-1] == "EndFrame"
+        # The service hung up and let go of its tasks.
+        assert avatar.call is None
+        async with lc.Client(url) as client:
+            with pytest.raises(lc.SessionNotFound):
+                await client.state(session_id)
+        logger.info(
+            "%d frames over a span of %d (%.3f), %.2f s of voice (%.3f frames per 40 ms), "
+            "cut at frame %d, the mouth at most %.2f from frame %d, %s",
+            len(indices),
+            span,
+            len(indices) / span,
+            voice_s,
+            len(indices) / (voice_s * FPS),
+            cut,
+            max(tail),
+            cut + 5,
+            stats,
+        )
