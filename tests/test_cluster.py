@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import ray
+from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
@@ -186,6 +187,52 @@ async def test_calls_are_placed_by_model_then_room_and_controlled_through_the_fr
             await caller.hang_up()
     ended = await front.get(f"/sessions/{other.session_id}")
     assert ended.status == 404
+
+
+async def test_audio_streams_and_events_flow_through_the_front(
+    front: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    """The WebSocket and the server-sent events of a session on a worker, through the front:
+    relayed both ways as they flow, refusals with the worker's own status and code."""
+    caller = Caller(front, "alice")
+    await caller.connect()
+    try:
+        await caller.wait_for_frames(3)
+        sid = caller.session_id
+        sse = await front.get(f"/sessions/{sid}/events")
+        assert sse.status == 200
+        assert sse.headers["Content-Type"] == "text/event-stream"
+        ws = await front.ws_connect(f"/sessions/{sid}/audio/stream?format=s16le&rate=16000")
+        busy = await front.get(f"/sessions/{sid}/audio/stream?format=s16le&rate=16000")
+        assert busy.status == 409
+        assert (await busy.json())["error"]["code"] == "stream_busy"
+        bad = await front.get(f"/sessions/{sid}/audio/stream?format=s24le&rate=16000")
+        assert (await bad.json())["error"]["code"] == "bad_stream_format"
+        ready = await ws.receive_json()
+        assert ready["type"] == "ready"
+        assert ready["session_id"] == sid
+        pcm, _ = speech_with_pauses(tmp_path, ("hello through the front",), pause_s=0.05)
+        for start in range(0, len(pcm), 1600):
+            await ws.send_bytes((pcm[start : start + 1600] * 32767).astype("<i2").tobytes())
+        await ws.send_json({"type": "end"})
+        seen: list[str] = []
+        while "speech_ended" not in seen:
+            seen.append((await ws.receive_json(timeout=TIMEOUT_S))["type"])
+        assert "speech_started" in seen
+        await ws.send_bytes(b"\x00")  # half a sample: told, and the stream stays open
+        while (error := await ws.receive_json(timeout=TIMEOUT_S))["type"] != "error":
+            pass
+        assert error["code"] == "bad_frame"
+        hung_up = await front.delete(f"/sessions/{sid}")
+        assert hung_up.status == 200
+        while (await ws.receive(timeout=TIMEOUT_S)).type not in (WSMsgType.CLOSE, WSMsgType.CLOSED):
+            pass
+        assert ws.close_code == 1000
+        text = (await sse.read()).decode()  # relayed until the session ended
+        for kind in ("queued_ms", "speech_started", "speech_ended", "session_ended"):
+            assert f"event: {kind}" in text, text[-500:]
+    finally:
+        await caller.close()
 
 
 async def test_a_full_cluster_refuses_with_retry_after(front: TestClient[Any, Any]) -> None:

@@ -9,7 +9,8 @@ one (``docs/architecture.md`` §14):
   names that accepts it. A worker that refuses for capacity (503) is skipped for the next;
   when all refuse, the caller gets 503 + Retry-After with their reasons.
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
-  worker has that name, ``410 session_lost`` when the worker restarted since).
+  worker has that name, ``410 session_lost`` when the worker restarted since); the audio
+  stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
 - ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call).
 - ``/health``, ``/ready`` (200 while at least one worker answers and the front is not
   draining) and ``/admin/workers`` (each worker's last report) are the front's own;
@@ -43,6 +44,7 @@ from web.client_address import client_address_middleware
 from web.cluster import aggregate
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
+from web.cluster.relay import relay_event_stream, relay_websocket
 from web.connection_guard import GUARD, ConnectionGuard
 from web.cors import cors_middleware
 from web.errors import RequestError, error_middleware
@@ -183,6 +185,10 @@ async def to_session(request: web.Request) -> web.StreamResponse:
             retry_after=1,
         )
     admin = request.path.startswith("/admin/")  # a hang-up by an admin, let in at the front
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await relay_websocket(request, worker, request.app[HTTP])
+    if request.match_info.get("tail") == "events":
+        return await relay_event_stream(request, worker, request.app[HTTP])
     return await _forward(request, worker, request.content, admin=admin)
 
 
