@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 #: Microphone audio the buffer may hold at a tick beyond the chunk it gives: one packet
 #: interval, for a packet that arrives just after its tick.
 INBOUND_SLACK_MS = 20.0
+#: While pushed audio plays, ``on_played`` hears the queue's level every this many
+#: chunks (100 ms), and when it runs dry: producers pace themselves on it.
+PLAYED_EVERY_CHUNKS = 5
 #: Ticks (20 ms each) over which the buffer's lowest level is watched before the excess
 #: is skipped: 0.5 s, so a stall's backlog is gone within about 1 s.
 INBOUND_WINDOW_TICKS = 25
@@ -80,7 +83,12 @@ class _SampleQueue:
 
 
 class AudioMixer:
-    """Mixes microphone and pushed audio into 20 ms chunks at 48 kHz (float32 mono)."""
+    """Mixes microphone and pushed audio into 20 ms chunks at 48 kHz (float32 mono).
+
+    ``on_marks`` gets the utterances that started or ended in each chunk made
+    (:class:`~streaming.live.utterances.UtteranceLedger`); ``on_played`` the seconds of
+    pushed audio still queued as it plays (see :data:`PLAYED_EVERY_CHUNKS`).
+    """
 
     def __init__(
         self,
@@ -90,11 +98,14 @@ class AudioMixer:
         inbound_slack_ms: float = INBOUND_SLACK_MS,
         inbound_window_ticks: int = INBOUND_WINDOW_TICKS,
         on_marks: Callable[[list[Mark]], None] | None = None,
+        on_played: Callable[[float], None] | None = None,
     ) -> None:
         self._inbound = _SampleQueue()
         self.utterances = UtteranceLedger()
         self._on_marks = on_marks
+        self._on_played = on_played
         self._chunks_made = 0
+        self._playing_chunks = 0
         self._pushed = _SampleQueue()
         self._max_inbound = int(OUT_RATE * max_inbound_ms / 1000)
         self._max_pushed = int(OUT_RATE * max_pushed_s)
@@ -181,5 +192,9 @@ class AudioMixer:
         self._chunks_made += 1
         if marks and self._on_marks is not None:
             self._on_marks(marks)
+        if taken and self._on_played is not None:
+            self._playing_chunks += 1
+            if self._pushed.size == 0 or self._playing_chunks % PLAYED_EVERY_CHUNKS == 0:
+                self._on_played(self.pushed_seconds)
         np.clip(chunk, -1.0, 1.0, out=chunk)
         return chunk

@@ -135,7 +135,9 @@ class Session:
         self.events = SessionEvents(session_id, queue_size=settings.session.event_queue_size)
         self._speech = SpeechEvents(self.events, self.fps)
         self._mixer = AudioMixer(
-            max_pushed_s=settings.session.max_queued_audio_s, on_marks=self._speech.schedule
+            max_pushed_s=settings.session.max_queued_audio_s,
+            on_marks=self._speech.schedule,
+            on_played=lambda queued_s: self.app_audio.played(queued_s),
         )
         self._activity = AudioActivity()
         self.app_audio = AppAudio(

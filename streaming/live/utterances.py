@@ -80,6 +80,11 @@ class UtteranceLedger:
         if not any(run[0] == number for run in self._runs):
             self._pending_end.append(number)
 
+    @property
+    def playing(self) -> int | None:
+        """The utterance whose samples the timeline takes next (None: the queue is empty)."""
+        return self._runs[0][0] if self._runs else None
+
     def is_open(self, number: int) -> bool:
         """Whether ``number`` still takes samples (opened, not closed, not cut)."""
         utterance = self._open.get(number)
