@@ -244,7 +244,9 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
             assert len(tail) >= 1.5 * FPS
             assert max(tail) < REST, f"mouth moved after the interruption: {tail}"
 
+            # An EndFrame right after an utterance: the avatar says it, then hangs up.
             stats = avatar.stats
+            await tts.say(hello)
             await worker.queue_frame(EndFrame())
             async with asyncio.timeout(TIMEOUT_S):
                 await running
@@ -269,7 +271,11 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
         assert "TTSAudioRawFrame" not in got.passed
         assert {"TTSStartedFrame", "TTSStoppedFrame", "InterruptionFrame"} <= set(got.passed)
         assert got.passed[-1] == "EndFrame"
-        # The service hung up and let go of its tasks.
+        # The service hung up once the last utterance was said.
+        last_said = event("speech_ended", 3)
+        assert last_said is not None, events
+        assert last_said["duration_ms"] == pytest.approx(len(hello) / RATE * 1000, abs=60)
+        assert max(got.loud_ms) >= last_said["media_ms"] - 500
         assert avatar.call is None
         async with lc.Client(url) as client:
             with pytest.raises(lc.SessionNotFound):

@@ -167,13 +167,20 @@ class LipstreamVideoService(AIService):
         self._sender: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._executor: ThreadPoolExecutor | None = None
+        # Held while a stream opens: an interrupt waits for it rather than cancel a
+        # handshake half-way (its socket would keep the session's one stream busy).
+        self._opening = asyncio.Lock()
+        self._closing = False
         self._utterance_open = False
         self._refused_rates: set[int] = set()
         self._stream_failed = False
-        # Utterances the server has queued for this service, and the last one it finished
-        # (ended or cut): an EndFrame waits until they meet.
+        # The last utterance the server queued and the last it finished (ended or cut):
+        # an EndFrame waits until they meet. Until the server numbers an utterance whose
+        # audio went out (a queued_ms above this), the wait also goes on.
         self._last_queued = 0
         self._last_done = 0
+        self._unnumbered_above: int | None = None
+        self._sending_utterance = False
         self._progress = asyncio.Event()
         for name in EVENT_HANDLERS.values():
             self._register_event_handler(name)
@@ -240,7 +247,7 @@ class LipstreamVideoService(AIService):
             self._utterance_open = False
             await self._outbox.put(None)
         await self._outbox.join()
-        while self._last_done < self._last_queued:
+        while self._unnumbered_above is not None or self._last_done < self._last_queued:
             stream = self._stream
             if stream is None or stream.closed:
                 return
@@ -258,6 +265,7 @@ class LipstreamVideoService(AIService):
         await self._shut_down()
 
     async def _shut_down(self) -> None:
+        self._closing = True
         for task in [t for t in (self._sender, *self._tasks) if t is not None]:
             await self.cancel_task(task)
         self._sender = None
@@ -312,11 +320,13 @@ class LipstreamVideoService(AIService):
     async def _interrupt(self) -> None:
         """Drop the audio not sent yet and tell the server to drop what it queued."""
         if self._sender is not None:
-            await self.cancel_task(self._sender)
+            async with self._opening:
+                await self.cancel_task(self._sender)
         while not self._outbox.empty():
             self._outbox.get_nowait()
             self._outbox.task_done()
-        self._utterance_open = False
+        self._utterance_open = self._sending_utterance = False
+        self._unnumbered_above = None  # what was sent is numbered, then named as cut
         try:
             await self._send_interrupt()
         except (LipstreamError, OSError) as exc:
@@ -347,14 +357,21 @@ class LipstreamVideoService(AIService):
             item = await self._outbox.get()
             try:
                 if item is None:
+                    self._sending_utterance = False
                     if self._stream is not None and not self._stream.closed:
                         await self._stream.end()
                 else:
+                    if not self._sending_utterance:
+                        self._sending_utterance = True
+                        self._unnumbered_above = self._last_queued
                     await self._send(item)
             except StreamClosed as exc:
                 if not self._stream_failed:
                     self._stream_failed = True
-                    await self.push_error(f"{self}: the avatar's audio stream closed: {exc}")
+                    await self.push_error(
+                        f"{self}: the avatar's audio stream closed: {exc}",
+                        force_treat_as_permanent=True,
+                    )
             except (LipstreamError, OSError) as exc:
                 logger.warning("%s: sending audio failed: %s", self, exc)
             finally:
@@ -376,15 +393,18 @@ class LipstreamVideoService(AIService):
     async def _open_stream(self, rate: int) -> AudioStream:
         """The audio stream at ``rate``, closing one at another rate first (its open
         utterance still plays)."""
-        if self._call is None:
-            raise StreamClosed("the call to the avatar has ended", code="stream_closed")
-        if self._stream is not None:
-            logger.info("%s: TTS audio now at %d Hz; reopening the audio stream", self, rate)
-            await self._stream.close()
-        self._stream = None
-        stream = self._call.stream_audio(format="s16le", rate=rate, max_ahead_ms=self._max_ahead_ms)
-        await stream.open()
-        self._stream = stream
+        async with self._opening:
+            if self._call is None:
+                raise StreamClosed("the call to the avatar has ended", code="stream_closed")
+            if self._stream is not None:
+                logger.info("%s: TTS audio now at %d Hz; reopening the audio stream", self, rate)
+                await self._stream.close()
+            self._stream = None
+            stream = self._call.stream_audio(
+                format="s16le", rate=rate, max_ahead_ms=self._max_ahead_ms
+            )
+            await stream.open()
+            self._stream = stream
         self._tasks.append(self.create_task(self._read_events(stream), "lipstream-events"))
         return stream
 
@@ -397,6 +417,8 @@ class LipstreamVideoService(AIService):
         kind = event.get("type")
         if kind == "queued_ms" and isinstance(event.get("utterance"), int):
             self._last_queued = max(self._last_queued, event["utterance"])
+            if self._unnumbered_above is not None and self._last_queued > self._unnumbered_above:
+                self._unnumbered_above = None
         elif kind == "speech_ended":
             self._last_done = max(self._last_done, int(event["utterance"]))
         elif kind == "interrupted":
@@ -428,6 +450,11 @@ class LipstreamVideoService(AIService):
                 lipstream_received_at=received.received_at,
             )
             await self.push_frame(image)
+        if not self._closing:
+            await self.push_error(
+                f"{self}: the call to the avatar ended ({call.connection_state})",
+                force_treat_as_permanent=True,
+            )
 
     def _to_rgb(self, received: VideoFrame) -> tuple[bytes, tuple[int, int]]:
         width, height = self._video_size or (received.frame.width, received.frame.height)
