@@ -41,6 +41,7 @@ try:
         warnings.simplefilter("ignore", DeprecationWarning)
         from pipecat.frames.frames import (
             EndFrame,
+            ErrorFrame,
             Frame,
             InterruptionFrame,
             OutputImageRawFrame,
@@ -282,14 +283,69 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
                 await client.state(session_id)
         logger.info(
             "%d frames over a span of %d (%.3f), %.2f s of voice (%.3f frames per 40 ms), "
-            "cut at frame %d, the mouth at most %.2f from frame %d, %s",
+            "cut at frame %d (mouths from there: %s), at most %.2f from frame %d, %s",
             len(indices),
             span,
             len(indices) / span,
             voice_s,
             len(indices) / (voice_s * FPS),
             cut,
+            [round(m, 1) for m in mouths(got.video, cut, cut + 8)],
             max(tail),
             cut + 5,
             stats,
         )
+
+
+@pytest.mark.slow
+async def test_an_unknown_avatar_and_a_rate_lipstream_does_not_take_are_reported(
+    tmp_path: Path, loopback: None
+) -> None:
+    if PIPECAT_MISSING:
+        pytest.fail(PIPECAT_MISSING)
+    with pytest.raises(ValueError, match="sample_rate"):
+        LipstreamVideoService(base_url="http://127.0.0.1:1", avatar="demo", sample_rate=8000)
+    async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        nobody = LipstreamVideoService(base_url=url, avatar="nobody")
+        demo = LipstreamVideoService(base_url=url, avatar="demo")
+        tts = FakeTts()
+        errors: list[ErrorFrame] = []
+        worker = PipelineWorker(
+            Pipeline([tts, demo, nobody]),
+            params=PipelineParams(audio_out_sample_rate=RATE),
+            enable_rtvi=False,
+            idle_timeout_secs=None,
+            cancel_on_idle_timeout=False,
+        )
+
+        @worker.event_handler("on_pipeline_error")
+        async def on_error(worker: PipelineWorker, frame: ErrorFrame) -> None:
+            errors.append(frame)
+
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run(), name="pipecat-runner")
+        try:
+            await until(lambda: errors, "the unknown avatar to be reported")
+            assert errors[0].processor is nobody
+            assert "nobody" in errors[0].error, errors[0].error
+            assert nobody.call is None
+            await until(lambda: demo.call is not None, "the demo avatar's call")
+            # 8 kHz is not a stream rate: refused once, clearly, and nothing is sent.
+            telephone = np.zeros(8000, np.int16).tobytes()
+            for _ in range(3):
+                await tts.push_frame(TTSAudioRawFrame(telephone, sample_rate=8000, num_channels=1))
+            await until(lambda: len(errors) >= 2, "the 8 kHz audio to be refused")
+            assert errors[1].processor is demo
+            assert "not 8000 Hz" in errors[1].error, errors[1].error
+            logger.info("reported: %s", [e.error for e in errors])
+            await worker.queue_frame(EndFrame())
+            async with asyncio.timeout(TIMEOUT_S):
+                await running
+        finally:
+            if not running.done():
+                await worker.cancel()
+                await running
+        assert len(errors) == 2, [e.error for e in errors]
+        assert demo.call is None
