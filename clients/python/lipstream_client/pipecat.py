@@ -57,6 +57,10 @@ Every queue is bounded: the audio waiting to be sent (``outbox_size`` chunks; a 
 one holds the pipeline back, since a TTS makes audio faster than it plays) and the
 call's receive queues (``queues``, dropping the oldest frames when the pipeline lags).
 This module logs with :mod:`logging`, not Pipecat's loguru.
+
+Why one module of over 400 lines (a third of them this docstring): the service's four
+tasks (sending, stream events, video, voice) share the call, the stream and the
+utterance counts that an interruption and an ``EndFrame`` act on, in one class.
 """
 
 from __future__ import annotations
@@ -286,10 +290,11 @@ class LipstreamVideoService(AIService):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Stream TTS audio to the avatar; pass every other frame on."""
         await super().process_frame(frame, direction)
-        if isinstance(frame, TTSAudioRawFrame):
+        downstream = direction == FrameDirection.DOWNSTREAM
+        if downstream and isinstance(frame, TTSAudioRawFrame):
             await self._queue_audio(frame)
             return
-        if isinstance(frame, TTSStoppedFrame):
+        if downstream and isinstance(frame, TTSStoppedFrame):
             if self._utterance_open:
                 self._utterance_open = False
                 await self._outbox.put(None)
