@@ -331,7 +331,7 @@ async def test_an_unknown_avatar_and_a_rate_lipstream_does_not_take_are_reported
             assert errors[0].processor is nobody
             assert "nobody" in errors[0].error, errors[0].error
             assert nobody.call is None
-            await until(lambda: demo.call is not None, "the demo avatar's call")
+            call = await until(lambda: demo.call, "the demo avatar's call")
             # 8 kHz is not a stream rate: refused once, clearly, and nothing is sent.
             telephone = np.zeros(8000, np.int16).tobytes()
             for _ in range(3):
@@ -340,7 +340,8 @@ async def test_an_unknown_avatar_and_a_rate_lipstream_does_not_take_are_reported
             assert errors[1].processor is demo
             assert "not 8000 Hz" in errors[1].error, errors[1].error
             logger.info("reported: %s", [e.error for e in errors])
-            await worker.queue_frame(EndFrame())
+            # A CancelFrame hangs up at once.
+            await worker.cancel()
             async with asyncio.timeout(TIMEOUT_S):
                 await running
         finally:
@@ -349,3 +350,7 @@ async def test_an_unknown_avatar_and_a_rate_lipstream_does_not_take_are_reported
                 await running
         assert len(errors) == 2, [e.error for e in errors]
         assert demo.call is None
+        assert call.connection_state == "closed"
+        async with lc.Client(url) as client:
+            with pytest.raises(lc.SessionNotFound):
+                await client.state(call.session_id)
