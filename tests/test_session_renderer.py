@@ -237,6 +237,43 @@ async def test_a_sent_frame_records_its_wait_for_the_slot_and_its_encode(rig: Ri
     assert len(rig.sent) == 1
 
 
+async def test_known_frames_are_encoded_ahead_and_leave_at_their_slot(rig: Rig) -> None:
+    rig.submit(10)
+    rig.submit(11)
+    await rig.model.submitted(2)
+    ready_at = START + 11 / FPS + LOOKAHEAD_MS / 1000 + 0.020
+    rig.clock.now = ready_at
+    for call in rig.model.calls:
+        call.future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)
+    encoder = SlowEncoder(rig.clock)
+    rig.clock.now = ready_at + 0.020  # slot 10
+    await rig.renderer.packet_for(10, encoder)  # type: ignore[arg-type]
+    # 11 is composed: its encode starts as soon as 10 is out, not at its own slot.
+    assert len(encoder.images) == 2
+    rig.clock.now += 0.040  # slot 11
+    await rig.renderer.packet_for(11, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 2  # handed over, nothing encoded now
+    assert rig.sent[1].encode == 0.0  # it left at its slot
+    assert not np.array_equal(encoder.images[1], encoder.images[0])
+    # An idle frame is encoded ahead once the speech gate has decided it, not before
+    # (a frame it has not reached may still be inferred).
+    await rig.renderer.packet_for(12, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 3
+    rig.renderer.decided = lambda: 20
+    await rig.renderer.packet_for(13, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 5  # 13 at its slot, then 14 ahead
+    # Slots 14 and 15 skipped (a late track): the frame encoded ahead still goes (the
+    # decoder needs every frame the encoder made), then encoding resumes at 17.
+    await rig.renderer.packet_for(16, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 6
+    ahead = rig.renderer.in_flight
+    assert len(ahead) == 1  # frame 17's encode
+    await rig.renderer.packet_for(17, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 7  # 18 ahead; 17 was handed over
+    assert len(rig.sent) == 2  # only 10 and 11 were lip-synced
+
+
 async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:
     for index in (0, 7, 13):
         frame = await rig.renderer.frame_for(index)

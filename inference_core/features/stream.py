@@ -47,7 +47,8 @@ class FrameAudio:
     ``index`` is the video frame number (it shows time ``index / fps``); ``features`` is
     float32 ``[32,16,16]`` for kind "ave" or ``[1,80,16]`` for kind "mel"; ``level_db``
     is the RMS level in dBFS of the audio the frame covers (half a frame either side of
-    its time), :data:`SILENCE_DB` for digital silence.
+    its time) and of the next half frame (``_Timing.level_span``), :data:`SILENCE_DB` for
+    digital silence.
     """
 
     index: int
@@ -92,6 +93,15 @@ class _Timing:
         sr, fps = self.cfg.sample_rate, self.fps
         return ((2 * i - 1) * sr) // (2 * fps), ((2 * i + 1) * sr) // (2 * fps)
 
+    def level_span(self, i: int) -> tuple[int, int]:
+        """Samples whose level decides whether frame ``i`` shows speech: its own span and
+        the next half frame. Lips move with a sound's onset, not a frame after it: speech
+        starting in the second half of a frame's interval shows from that frame on, up to
+        half a frame (20 ms at 25 fps) before it is heard, the side audio-visual sync
+        tolerates best (lips lead in natural speech too)."""
+        start, end = self.span(i)
+        return start, end + self.cfg.sample_rate // (2 * self.fps)
+
     def samples_for_mel(self, t: int) -> int:
         """Samples that must have arrived before mel frame ``t`` is final (not at flush)."""
         half = self.cfg.n_fft // 2
@@ -105,7 +115,7 @@ class _Timing:
         else:
             window = i
         last_mel = self.window_start(window) + MEL_WINDOW - 1
-        return max(self.samples_for_mel(last_mel), self.span(i)[1])
+        return max(self.samples_for_mel(last_mel), self.level_span(i)[1])
 
 
 def lookahead_ms(
@@ -296,7 +306,7 @@ class AudioFeatureStream:
         return frames
 
     def _ready(self, i: int) -> bool:
-        if self._timing.span(i)[1] > self._n_samples:
+        if self._timing.level_span(i)[1] > self._n_samples:
             return False
         if self._kind == "ave":
             return self._rows_end > i + self._right_context
@@ -323,7 +333,7 @@ class AudioFeatureStream:
         return view.reshape(AVE_SHAPE)
 
     def _level_db(self, i: int) -> float:
-        start, end = self._timing.span(i)
+        start, end = self._timing.level_span(i)
         start, end = max(start, 0), min(end, self._n_samples)
         span = self._pcm[start - self._pcm_start : end - self._pcm_start].astype(np.float64)
         if span.size == 0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -40,9 +41,21 @@ from streaming.live.workers import Offload
 from streaming.webrtc.tracks import SessionClock, video_frame
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
+logger = logging.getLogger(__name__)
+
 MAX_FRAMES_IN_FLIGHT = 8
 # Leave the compositing a little time before the frame is sent.
 COMPOSE_S = 0.008
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """A frame whose encode started before its slot (:meth:`FrameRenderer.packet_for`)."""
+
+    index: int
+    packet: asyncio.Future[av.Packet[Any]]
+    lip_synced: bool
+    ready_at: float | None
 
 
 @dataclass(frozen=True)
@@ -95,11 +108,21 @@ class FrameRenderer:
         self._clock = clock
         self._pending: dict[int, asyncio.Task[None]] = {}
         self._not_ready: set[int] = set()  # in flight, already counted not_ready
+        # Encoding ahead of the slot (packet_for): the sender's encoder once known, the
+        # last slot handed out, and the next frame's encode if it started early.
+        self._encoder: LipstreamH264Encoder | None = None
+        self._last_sent = -1
+        self._ahead: _Ahead | None = None
+        # The last frame the speech gate has decided on (every later one may still be
+        # submitted): the session wires the timeline's figure in.
+        self.decided: Callable[[], int] = lambda: -1
 
     @property
-    def in_flight(self) -> Collection[asyncio.Task[None]]:
-        """The render tasks not finished yet (the session awaits them when it closes)."""
-        return self._pending.values()
+    def in_flight(self) -> Collection[asyncio.Future[Any]]:
+        """The render tasks and the encode ahead not finished yet (the session awaits
+        them when it closes)."""
+        ahead = [] if self._ahead is None else [self._ahead.packet]
+        return [*self._pending.values(), *ahead]
 
     def start(self, step: FrameStep, item: FrameAudio) -> Started | None:
         """Off the loop, in the job that completed the frame's features: its crop and model
@@ -168,6 +191,7 @@ class FrameRenderer:
         if not self._buffers.put_frame(index, frame):
             self._drop_in_flight(index, "late")
             return
+        self._encode_ahead(index)
         self._stats.frames_inferred += 1
         composed_at = self._clock()
         self._ready_at[index] = composed_at
@@ -193,17 +217,49 @@ class FrameRenderer:
         payloads: the idle frame's fetch, the encode and the packetising are one job off
         the loop, so a frame costs the loop one hand-off (``docs/architecture.md`` §6).
 
-        A lip-synced frame's wait for its slot and its encode are recorded
+        The next frame is encoded ahead, as soon as this one is out, when it is known
+        already: composed, or decided idle by the speech gate. Then its slot only hands
+        the packet over, and the frame leaves at its slot instead of an encode later. A
+        frame encoded ahead is always sent (a skipped slot sends it late instead: the
+        decoder needs every frame the encoder made). A lip-synced frame's wait for its
+        slot and the time from its slot to its payloads are recorded
         (:class:`~streaming.live.reporting.FrameSending`)."""
-        frame, ready_at = self._take(index)
-        taken_at = self._clock()
-        packet = await self._executor.run(self._encode, encoder, frame, index)
-        if frame is not None and ready_at is not None:
-            sending = FrameSending(taken_at - ready_at, self._clock() - taken_at)
+        self._encoder = encoder
+        slot_at = self._clock()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.index <= index:  # earlier only if slots were skipped
+            packet = await ahead.packet
+            sent, lip_synced, ready_at = ahead.index, ahead.lip_synced, ahead.ready_at
+        else:
+            frame, ready_at = self._take(index)
+            lip_synced = frame is not None and ready_at is not None
+            packet = await self._executor.run(self._encode, encoder, frame, index)
+            sent = index
+        self._last_sent = index  # after a skip, ahead again from the slot asked for
+        if lip_synced and ready_at is not None:
+            sending = FrameSending(slot_at - ready_at, self._clock() - slot_at)
             self._stats.record_sending(sending)
             if self._on_frame_sent is not None:
                 self._on_frame_sent(sending)
+        if sent < index:
+            logger.debug("slot %d sends frame %d, encoded ahead before the skip", index, sent)
+        self._encode_ahead(index + 1)
         return packet
+
+    def _encode_ahead(self, index: int) -> None:
+        """Start encoding frame ``index`` now if it is the next to send and known."""
+        encoder = self._encoder
+        if encoder is None or self._ahead is not None or index != self._last_sent + 1:
+            return
+        if index in self._ready_at:  # composed
+            frame, ready_at = self._take(index)
+        elif index <= self.decided() and index not in self._pending:  # idle for sure
+            frame, ready_at = None, None
+        else:  # in flight, or the speech gate has not got to it: decide at its slot
+            return
+        packet = self._executor.run(self._encode, encoder, frame, index)
+        lip_synced = frame is not None and ready_at is not None
+        self._ahead = _Ahead(index, packet, lip_synced, ready_at)
 
     def _take(self, index: int) -> tuple[np.ndarray | None, float | None]:
         """The composed frame for slot ``index`` and when it became ready, if it did (a

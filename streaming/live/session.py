@@ -185,6 +185,7 @@ class Session:
             on_frame=self._renderer.submit,
             on_voice=self._activity.heard,
         )
+        self._renderer.decided = lambda: self._timeline.frames_decided
         self.video = AvatarVideoTrack(
             self._clock, self.fps, self._renderer.frame_for, on_sent=self._speech.frame_sent
         )

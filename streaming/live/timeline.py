@@ -112,6 +112,8 @@ class AudioTimeline(Generic[T]):
         self._to_features = MonoResampler(OUT_RATE, FEATURE_RATE)
         self._opus = OpusChunkEncoder()
         self._chunks_made = 0
+        # The last frame the speech gate stepped and handed on (to infer, or idle).
+        self.frames_decided = -1
         self._interrupts = 0
         self._silent_until = -1  # frames up to here were cut by an interrupt
 
@@ -138,8 +140,10 @@ class AudioTimeline(Generic[T]):
             # An interrupt while the chunks were being made silences them, and cancels
             # the frames they started (their features may hold the dropped audio).
             cut = interrupts != self._interrupts
-            for index, (packet, _) in enumerate(made, first):
+            for index, (packet, frames) in enumerate(made, first):
                 self._buffers.put_chunk(index, stamped(SILENCE, index) if cut else packet)
+                if frames:
+                    self.frames_decided = frames[-1].item.index
             if cut:
                 continue
             for _, frames in made:

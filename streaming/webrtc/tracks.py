@@ -107,7 +107,7 @@ class AvatarVideoTrack(MediaStreamTrack):
     An array is handed to aiortc as a frame for it to encode; a packet (H.264 encoded
     off the loop with the sender's own encoder) is handed on as is, and aiortc only
     sends its payloads. :meth:`send_from` switches the source once the codec is known.
-    ``on_sent(n)`` is called once frame ``n`` is handed to aiortc.
+    Each of ``sent_listeners`` is called with ``n`` once frame ``n`` is handed to aiortc.
     """
 
     kind = "video"
@@ -123,7 +123,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._clock = clock
         self._fps = fps
         self._source = source
-        self._on_sent = on_sent
+        self.sent_listeners: list[Callable[[int], None]] = [] if on_sent is None else [on_sent]
         self._next = 0
         self.frames_sent = 0
         self.frames_skipped = 0
@@ -145,8 +145,8 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._next = index + 1
         media = await self._source(index)
         self.frames_sent += 1
-        if self._on_sent is not None:
-            self._on_sent(index)
+        for listener in self.sent_listeners:
+            listener(index)
         if isinstance(media, av.Packet):
             return media  # aiortc sends a packet's payloads as they are
         return video_frame(media, index, self._fps)
