@@ -228,10 +228,10 @@ async def test_stream_audio_sends_pcm_chunks_over_the_websocket(
         }"""
     )
     assert (ready["type"], ready["format"], ready["rate"]) == ("ready", "s16le", 24000)
-    # A second stream into the session is refused (409 stream_busy, which only the
-    # handshake shows): the client says so as best it can.
+    # A second stream into the session is refused, and the client learns why (the server
+    # answers stream_busy over plain HTTP too).
     busy = await page.evaluate(STREAM_REFUSAL, {"format": "f32le", "rate": 16000})
-    assert busy == {"lipstream": True, "status": 0, "code": "stream_failed"}
+    assert busy == {"lipstream": True, "status": 409, "code": "stream_busy"}
 
     # A 220 Hz tone with a syllable-like envelope, 2 s as Float32Array chunks of 100 ms
     # (converted to s16le by the client), then an odd byte count the server refuses.
@@ -275,14 +275,16 @@ async def test_stream_audio_sends_pcm_chunks_over_the_websocket(
     (session,) = server.app[SESSIONS].sessions
     await session.close("ended by the test")
     await page.wait_for_function("() => window.ended !== null && !window.stream.open")
-    messages = await page.evaluate("() => window.streamMessages")
-    assert messages[-1]["type"] == "session_ended"
-    assert messages[-1]["reason"] == "ended by the test"
     assert await page.evaluate("() => window.endedError") is None  # not a failure
-    # docs/apps.md sends session_ended on the data channel too; where it arrives the call
-    # ends with its reason, else with the clean DTLS close that follows it.
-    reasons = {e["reason"] for e in await _events(page, "session_ended")} or {"ended by the server"}
-    assert await page.evaluate("() => window.ended") in reasons
+    # session_ended goes to every channel at once: the data channel's ends the call with
+    # its reason (the server flushes it before closing the connection), and the call
+    # closes its stream, maybe before the stream's own copy was read.
+    (ended,) = await _events(page, "session_ended")
+    assert ended["reason"] == "ended by the test"
+    assert await page.evaluate("() => window.ended") == "ended by the test"
+    messages = await page.evaluate("() => window.streamMessages")
+    on_stream = [m for m in messages if m["type"] == "session_ended"]
+    assert on_stream in ([], [ended]), on_stream
     assert await page.evaluate("() => window.call.closed")
 
 
@@ -315,5 +317,7 @@ async def test_leaving_the_page_hangs_up(server: TestServer, page: Page, app_ori
     (session,) = server.app[SESSIONS].sessions
     await page.goto(f"{app_origin}/?next")  # pagehide: a keepalive DELETE, across origins
     await until(lambda: session.end_reason is not None, "the session to end")
-    assert session.end_reason == "hung up by API"
+    # The keepalive DELETE (preflighted: two round trips) races the browser closing the
+    # peer connection as the page goes; either way the session ends at once.
+    assert session.end_reason in ("hung up by API", "connection closed")
     assert _live_sessions(server) == 0

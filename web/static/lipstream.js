@@ -403,9 +403,10 @@ export class Call extends EventTarget {
   /**
    * Open a WebSocket that streams PCM audio in as it is made (a streaming TTS, say):
    * `GET /sessions/{id}/audio/stream`. Resolves once the server is ready; a refusal
-   * rejects with the server's LipstreamError where the server can say why over plain
-   * HTTP (`bad_stream_format`, `session_not_found`, `unauthorized`), else with
-   * `stream_failed` (a second stream into the session, a proxy without WebSockets).
+   * rejects with the server's LipstreamError, asked over plain HTTP
+   * (`bad_stream_format`, `session_not_found`, `unauthorized`, `stream_busy` for a
+   * second stream into the session), else with `stream_failed` (a proxy on the way
+   * that does not pass WebSockets).
    * @param {{format?: "s16le"|"f32le", rate?: number}} [options] the wire format (rate:
    *   16000, 22050, 24000, 44100 or 48000 Hz); typed arrays given to send() are converted
    *   to it, ArrayBuffers must already be in it
@@ -694,10 +695,10 @@ export class AudioStream extends EventTarget {
 
   /**
    * Why the stream did not open. Browsers hide a refused handshake's answer, so ask the
-   * same URL over plain HTTP: the server checks the session, the token and the format
-   * first and answers their JSON error (400 bad_stream_format, 401, 404). Past those it
-   * wants a WebSocket (400 websocket_required), and the one refusal left is a second
-   * stream into the session (409 stream_busy), which plain HTTP cannot reach.
+   * same URL over plain HTTP: the server checks the session, the token, the format and
+   * whether a stream is open already before anything else and answers their JSON error
+   * (400 bad_stream_format, 401, 404, 409 stream_busy). Past those it wants a WebSocket
+   * (400 websocket_required): then something between us and it refused the upgrade.
    */
   async _refusal(event) {
     let answer = null;
@@ -711,8 +712,7 @@ export class AudioStream extends EventTarget {
     const closed = `close code ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
     const why =
       answer?.code === "websocket_required"
-        ? "the server accepts this session, token and format, so another stream is probably open " +
-          "into the session (stream_busy), or a proxy on the way does not pass WebSockets"
+        ? "the server would take this stream, so a proxy on the way does not pass WebSockets"
         : "the server could not be asked why";
     return new LipstreamError(0, "stream_failed", `The audio stream did not open (${closed}): ${why}.`);
   }

@@ -92,6 +92,9 @@ class AudioStream:
             raise StreamClosed(
                 f"the server sent no 'ready' within {READY_TIMEOUT_S:g} s", code="stream_closed"
             ) from None
+        except BaseException:  # cancelled mid-handshake: free the session's one stream
+            await asyncio.shield(ws.close())
+            raise
         ready = _json_message(message.type, message.data)
         if ready is None or ready.get("type") != "ready":
             await ws.close()
@@ -174,8 +177,12 @@ class AudioStream:
         await self._socket().send_str(json.dumps({"type": "end"}))
 
     async def interrupt(self) -> None:
-        """Drop all audio queued in the session, as ``POST /sessions/{id}/interrupt``."""
-        self._raise_pending()
+        """Drop all audio queued in the session, as ``POST /sessions/{id}/interrupt``.
+
+        Always sent while the stream is open: an error about an earlier message is
+        dropped, not raised (the interrupt drops that audio anyway), so a barge-in is
+        never lost to it."""
+        self._pending = None
         await self._socket().send_str(json.dumps({"type": "interrupt"}))
 
     def events(self) -> DropOldestQueue[Event]:
