@@ -225,9 +225,9 @@ async def test_audio_streams_and_events_flow_through_the_front(
         assert error["code"] == "bad_frame"
         hung_up = await front.delete(f"/sessions/{sid}")
         assert hung_up.status == 200
-        while (await ws.receive(timeout=TIMEOUT_S)).type not in (WSMsgType.CLOSE, WSMsgType.CLOSED):
-            pass
-        assert ws.close_code == 1000
+        while (closing := await ws.receive(timeout=TIMEOUT_S)).type != WSMsgType.CLOSE:
+            assert closing.type not in (WSMsgType.CLOSED, WSMsgType.ERROR), closing
+        assert closing.data == 1000  # the worker's close code, passed on
         text = (await sse.read()).decode()  # relayed until the session ended
         for kind in ("queued_ms", "speech_started", "speech_ended", "session_ended"):
             assert f"event: {kind}" in text, text[-500:]

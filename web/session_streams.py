@@ -25,7 +25,7 @@ from aiohttp import WSMsgType, web
 
 from streaming.audio_in.exceptions import AudioFrameError, AudioQueueFullError
 from streaming.audio_in.stream import MAX_MESSAGE_S, StreamFormat
-from streaming.live.events import EventListener
+from streaming.live.events import EventListener, error_event, message_type
 from streaming.live.session import Session
 from streaming.live.stream_in import AudioStreamIn
 from web.app_keys import SESSIONS, SETTINGS
@@ -138,11 +138,7 @@ async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Se
 async def _control(
     ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session, text: str
 ) -> None:
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    kind = parsed.get("type") if isinstance(parsed, dict) else None
+    kind = message_type(text)
     if kind == "end":
         stream.end()
     elif kind == "interrupt":
@@ -158,8 +154,7 @@ async def _control(
 
 async def _send_error(ws: web.WebSocketResponse, code: str, message: str, **extra: float) -> None:
     if not ws.closed:
-        error = {"type": "error", "code": code, "message": message, **extra}
-        await asyncio.wait_for(ws.send_json(error), SEND_TIMEOUT_S)
+        await asyncio.wait_for(ws.send_json(error_event(code, message, **extra)), SEND_TIMEOUT_S)
 
 
 async def _send_events(
@@ -206,7 +201,7 @@ async def session_events(request: web.Request) -> web.StreamResponse:
             block = f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
             await asyncio.wait_for(response.write(block.encode()), SEND_TIMEOUT_S)
         if listener.overflowed:
-            error = {"type": "error", "code": "events_overflow", "message": "events not read"}
+            error = error_event("events_overflow", "this reader fell too far behind the events")
             with contextlib.suppress(TimeoutError):
                 data = f"event: error\ndata: {json.dumps(error)}\n\n".encode()
                 await asyncio.wait_for(response.write(data), SEND_TIMEOUT_S)

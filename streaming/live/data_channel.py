@@ -18,7 +18,7 @@ from typing import Any
 
 from aiortc import RTCDataChannel
 
-from streaming.live.events import EventListener
+from streaming.live.events import EventListener, error_event, message_type
 
 logger = logging.getLogger(__name__)
 
@@ -36,22 +36,11 @@ async def serve_data_channel(
 
     @channel.on("message")
     def on_message(message: object) -> None:
-        kind = None
-        if isinstance(message, str):
-            try:
-                parsed = json.loads(message)
-            except ValueError:
-                parsed = None
-            kind = parsed.get("type") if isinstance(parsed, dict) else None
-        if kind == "interrupt":
+        if message_type(message) == "interrupt":
             interrupt()
         elif channel.readyState == "open":
-            error = {
-                "type": "error",
-                "code": "bad_message",
-                "message": 'the data channel takes {"type": "interrupt"} messages only',
-            }
-            channel.send(json.dumps(error))
+            what = 'the data channel takes {"type": "interrupt"} messages only'
+            channel.send(json.dumps(error_event("bad_message", what)))
 
     try:
         if channel.readyState == "connecting":

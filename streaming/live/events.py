@@ -17,6 +17,7 @@ after it has been read. Not thread-safe: the event loop alone uses it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,23 @@ Event = dict[str, Any]
 
 #: Events one listener may have waiting (``session.event_queue_size`` by default).
 DEFAULT_QUEUE_SIZE = 256
+
+
+def message_type(text: object) -> str | None:
+    """The ``type`` of a client's control message (a JSON object), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    kind = parsed.get("type") if isinstance(parsed, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def error_event(code: str, message: str, **fields: Any) -> Event:
+    """An ``error`` message for one client about what it sent (never published)."""
+    return {"type": "error", "code": code, "message": message, **fields}
 
 
 class EventListener:

@@ -35,6 +35,8 @@ _NOT_RELAYED = {
     "sec-websocket-extensions",
     "sec-websocket-protocol",
 }
+#: Seconds the second half of a relay may take to close once the first has.
+CLOSE_S = 5.0
 #: No total deadline: the stream lasts as long as the session; a dead worker ends it.
 _LONG_LIVED = aiohttp.ClientTimeout(total=None, connect=10.0, sock_connect=10.0)
 
@@ -73,7 +75,10 @@ async def relay_websocket(
             asyncio.create_task(_pump(upstream, downstream), name="relay-to-client"),
         ]
         try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            _, running = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            # One side closed and the pump passed the close on: let the other finish its
+            # closing handshake (cancelled mid-close, aiohttp drops the socket: 1006).
+            await asyncio.wait(running, timeout=CLOSE_S)
         finally:
             for pump in pumps:
                 pump.cancel()
@@ -81,9 +86,9 @@ async def relay_websocket(
     finally:
         code = upstream.close_code or downstream.close_code or 1000
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(upstream.close(code=code), 5.0)
+            await asyncio.wait_for(upstream.close(code=code), CLOSE_S)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(downstream.close(code=code), 5.0)
+            await asyncio.wait_for(downstream.close(code=code), CLOSE_S)
     return downstream
 
 
