@@ -1,5 +1,7 @@
 """A load client: K WebRTC calls to a lipstream server, each speaking, per-call fps back.
 
+The calls are made with ``lipstream_client``, the published Python client.
+
     .venv/bin/python -m benchmarks.webrtc_load --url http://127.0.0.1:8080 --calls 4 \
         --seconds 10 --speech speech.wav [--avatar demo] [--microphone]
 
@@ -20,78 +22,61 @@ import json
 import time
 from pathlib import Path
 
-import av
-from aiohttp import ClientSession
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
-from aiortc.mediastreams import MediaStreamError
 
+import lipstream_client as lc
 from streaming.webrtc.compat import loopback_only_ice
 
 
-class Call:
-    """One receiving call; records video frame arrival times."""
+class LoadCall:
+    """One receiving call through ``lipstream_client``; records video frame arrival times."""
 
-    def __init__(self, http: ClientSession, avatar: str) -> None:
-        self.http = http
+    def __init__(self, client: lc.Client, avatar: str) -> None:
+        self.client = client
         self.avatar = avatar
-        self.pc = RTCPeerConnection()
-        self.session_id = ""
+        self.call: lc.Call | None = None
         self.video_times: list[float] = []
         self.offered_at = 0.0  # when the offer was sent (monotonic)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._counter: asyncio.Task[None] | None = None
         self._player: MediaPlayer | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.call.session_id if self.call is not None else ""
 
     async def connect(self, microphone: Path | None = None) -> None:
         self.offered_at = time.monotonic()
-        if microphone is None:
-            self.pc.addTransceiver("audio", direction="recvonly")
-        else:  # the speech plays as the caller's microphone, in real time, looped
+        track = None
+        if microphone is not None:  # the speech plays as the caller's microphone, looped
             self._player = MediaPlayer(str(microphone), loop=True)
-            assert self._player.audio is not None
-            self.pc.addTrack(self._player.audio)
-        self.pc.addTransceiver("video", direction="recvonly")
+            track = self._player.audio
+        # The benchmark reads no events; without the data channel the offer is the one a
+        # plain app sends (audio and video only).
+        self.call = await lc.open_call(
+            self.client, self.avatar, microphone=track, data_channel=False
+        )
+        self._counter = asyncio.create_task(self._count(self.call))
 
-        @self.pc.on("track")
-        def on_track(track: MediaStreamTrack) -> None:
-            self._tasks.append(asyncio.create_task(self._consume(track)))
-
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        local = self.pc.localDescription
-        async with self.http.post(
-            "/offer", json={"sdp": local.sdp, "type": local.type, "avatar": self.avatar}
-        ) as response:
-            if response.status != 200:
-                raise RuntimeError(f"offer refused: {response.status} {await response.text()}")
-            answer = await response.json()
-        self.session_id = answer["session_id"]
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+    async def _count(self, call: lc.Call) -> None:
+        async for frame in call.video_frames():  # each decoded frame, as it arrived
+            self.video_times.append(frame.received_at)
 
     async def speak(self, wav: bytes) -> None:
-        async with self.http.post(
-            f"/sessions/{self.session_id}/audio", data=wav, headers={"Content-Type": "audio/wav"}
-        ) as response:
-            if response.status != 202:
-                raise RuntimeError(f"audio push refused: {response.status}")
-
-    async def _consume(self, track: MediaStreamTrack) -> None:
-        with contextlib.suppress(MediaStreamError):
-            while True:
-                frame = await track.recv()
-                if isinstance(frame, av.VideoFrame):
-                    self.video_times.append(time.monotonic())
+        assert self.call is not None
+        await self.call.push_audio(wav, "audio/wav")
 
     def fps_between(self, start: float, end: float) -> float:
         return sum(1 for t in self.video_times if start <= t < end) / (end - start)
 
     async def hang_up(self) -> None:
-        with contextlib.suppress(Exception):
-            async with self.http.delete(f"/sessions/{self.session_id}"):
-                pass
-        await self.pc.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.call is not None:
+            with contextlib.suppress(lc.LipstreamError):
+                await self.call.hang_up()
+        if self._counter is not None:
+            self._counter.cancel()
+            await asyncio.gather(self._counter, return_exceptions=True)
+        if self._player is not None and self._player.audio is not None:
+            self._player.audio.stop()
 
 
 async def drive(
@@ -100,8 +85,8 @@ async def drive(
     """Open ``calls`` calls, make them speak (pushed audio, or the caller's microphone),
     measure fps over ``seconds``; hang up."""
     wav = speech.read_bytes()  # noqa: ASYNC240 - once, before any call starts
-    async with ClientSession(base_url=url) as http:
-        active = [Call(http, avatar) for _ in range(calls)]
+    async with lc.Client(url) as client:
+        active = [LoadCall(client, avatar) for _ in range(calls)]
         try:
             for call in active:
                 await call.connect(speech if microphone else None)
