@@ -168,7 +168,8 @@ def test_every_package_lists_its_public_surface(package: str) -> None:
 
 def test_long_modules_say_why_they_are_long() -> None:
     unexplained = []
-    for path in _modules():
+    client = sorted((REPO / "clients" / "python" / "lipstream_client").rglob("*.py"))
+    for path in [*_modules(), *client]:
         lines = path.read_text(encoding="utf-8").count("\n")
         if lines <= MAX_MODULE_LINES:
             continue

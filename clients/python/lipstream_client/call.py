@@ -6,6 +6,10 @@ audio sendrecv with the app's microphone track (or recvonly), a data channel lab
 server does not trickle). Received tracks are always drained into bounded queues, since
 aiortc's own are unbounded: an app that does not read them loses the oldest frames, not
 memory.
+
+Why one module of about 400 lines: :func:`connect` and :func:`open_call` build exactly
+the peer connection :class:`Call` drains and hangs up; split, the offer's shape and the
+tracks it promises would live apart.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ one holds the pipeline back, since a TTS makes audio faster than it plays) and t
 call's receive queues (``queues``, dropping the oldest frames when the pipeline lags).
 This module logs with :mod:`logging`, not Pipecat's loguru.
 
+Why one module of about 480 lines: it is one Pipecat service; its frame handling and the
+three tasks it owns (the sender of TTS audio, the video and the voice pumps) share the
+call, the stream and the outbox, and this docstring is the integration's manual.
+
 Why one module of over 400 lines (a third of them this docstring): the service's four
 tasks (sending, stream events, video, voice) share the call, the stream and the
 utterance counts that an interruption and an ``EndFrame`` act on, in one class.
