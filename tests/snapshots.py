@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 
 _SAMPLE = SessionSnapshot(
     session_id="s-1",
@@ -32,6 +32,7 @@ _SAMPLE = SessionSnapshot(
     output_fps=25.0,
     av_offset_ms=-20.0,
     bitrate_bps=None,
+    app_audio=AppAudioState(speaking=True, utterances=3, audio_stream=True, event_listeners=2),
 )
 
 

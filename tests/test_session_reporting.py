@@ -17,7 +17,7 @@ from streaming.live.reporting import (
     delay_budget,
     sends_track,
 )
-from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 
 
 class Clock:
@@ -129,6 +129,9 @@ def _report(clock: Clock, wall: Clock) -> SessionReport:
     )
 
 
+IDLE = AppAudioState(speaking=False, utterances=0, audio_stream=False, event_listeners=0)
+
+
 def _snapshot(report: SessionReport, **changes: object) -> SessionSnapshot:
     values: dict[str, object] = {
         "state": "streaming",
@@ -141,6 +144,7 @@ def _snapshot(report: SessionReport, **changes: object) -> SessionSnapshot:
         "buffered": BufferedMedia(audio_chunks=24, frames=9, inbound_audio_ms=20.0),
         "inbound_skipped_ms": 140.04,
         "bitrate_bps": 900_000,
+        "app_audio": IDLE,
     }
     values.update(changes)
     return report.snapshot(**values)  # type: ignore[arg-type]
@@ -184,6 +188,7 @@ def test_snapshot_fields() -> None:
         output_fps=25.0,  # 250 frames in the 10 s since start
         av_offset_ms=20.0,  # audio at 10.10 s, video at 10.08 s
         bitrate_bps=900_000,
+        app_audio=IDLE,
     )
     report.stats.drop("late")
     assert snap.frames_dropped == {"late": 3}  # a copy, not the live counters

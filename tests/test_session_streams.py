@@ -197,6 +197,13 @@ async def test_streamed_speech_is_spoken_told_and_interrupted(
             await ws.send_bytes(_pcm(speech[start : start + 960], "s16le"))
         await ws.send_json({"type": "end"})
         started = await events.wait("speech_started", utterance=1)
+        # Operators see it: the session speaks, its stream is open, and /metrics counts it.
+        speaking = (await (await client.get(f"/sessions/{sid}")).json())["app_audio"]
+        assert speaking["audio_stream"]
+        assert speaking["event_listeners"] == 1
+        assert speaking["utterances"] == 1
+        metrics = await (await client.get("/metrics")).text()
+        assert "lipstream_audio_streams_open 1.0" in metrics
         ended = await events.wait("speech_ended", utterance=1)
         assert started["source"] == ended["source"] == "stream"
         assert started["seq"] < ended["seq"]
@@ -210,6 +217,7 @@ async def test_streamed_speech_is_spoken_told_and_interrupted(
         assert levels == sorted(levels, reverse=True)  # nothing more was queued meanwhile
         state = await (await client.get(f"/sessions/{sid}")).json()
         assert_lip_synced(state, due_at_least=10)
+        assert not state["app_audio"]["speaking"]  # it ended
 
         # A second, long utterance; barge in once the caller is getting it.
         long = _speech(tmp_path, "this sentence goes on and on for quite a long while now", 24_000)

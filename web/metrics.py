@@ -25,6 +25,8 @@ source are checked in one place (most of the length is that table).
 metric                                      type       labels       source
 ==========================================  =========  ===========  ====================
 lipstream_sessions_live                     gauge                   sessions
+lipstream_sessions_speaking                 gauge                   sessions
+lipstream_audio_streams_open                gauge                   sessions
 lipstream_sessions_total                    counter    event        sessions
 lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
@@ -221,6 +223,16 @@ class SnapshotCollector(Collector):
     def _sessions_metrics(self) -> Iterator[Metric]:
         totals = self._sessions.totals
         yield GaugeMetricFamily("lipstream_sessions_live", "Live sessions.", value=totals.live)
+        yield GaugeMetricFamily(
+            "lipstream_sessions_speaking",
+            "Live sessions whose caller is getting an app's utterance now.",
+            value=totals.speaking,
+        )
+        yield GaugeMetricFamily(
+            "lipstream_audio_streams_open",
+            "Audio stream WebSockets open (one at most per session).",
+            value=totals.audio_streams,
+        )
         events = CounterMetricFamily(
             "lipstream_sessions",
             "Sessions by event: started, ended, rejected (at capacity or shutting down), "

@@ -19,6 +19,7 @@ from streaming.audio_in.stream import PcmStreamDecoder, StreamFormat
 from streaming.exceptions import StreamBusyError
 from streaming.live.events import SessionEvents
 from streaming.live.mixer import AudioMixer
+from streaming.live.snapshot import AppAudioState
 from streaming.live.speech import SpeechEvents
 from streaming.live.stream_in import AudioStreamIn, Queued
 from streaming.live.timeline import FEATURE_RATE
@@ -107,6 +108,15 @@ class AppAudio:
             "queued_ms",
             queued_ms=round(queued_s * 1000, 1),
             utterance=self._mixer.utterances.playing,
+        )
+
+    def state(self) -> AppAudioState:
+        """What a snapshot shows of it."""
+        return AppAudioState(
+            speaking=self.speech.speaking,
+            utterances=self._mixer.utterances.opened,
+            audio_stream=self._stream is not None,
+            event_listeners=self._events.listeners,
         )
 
     def _queued(self, queued: Queued) -> None:

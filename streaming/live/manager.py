@@ -168,6 +168,8 @@ class SessionManager:
             cpu_ms_per_frame=self.cpu_meter.ms_per_frame(),
             room_places=room.places,
             room_share=room.share,
+            speaking=sum(s.app_audio.speech.speaking for s in live),
+            audio_streams=sum(s.app_audio.stream_open for s in live),
         )
         return SessionsSnapshot(
             sessions=tuple(s.snapshot() for s in live), totals=totals, cache=self.cache.stats()

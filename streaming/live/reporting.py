@@ -26,7 +26,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 
 from config.settings import Settings
 from inference_core.features.stream import FeatureKind, lookahead_ms
-from streaming.live.snapshot import AddedDelay, BufferedMedia, SessionSnapshot
+from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 from streaming.webrtc.compat import sender_encoder
 from streaming.webrtc.tracks import AUDIO_CHUNK_S
 
@@ -293,6 +293,7 @@ class SessionReport:
         buffered: BufferedMedia,
         inbound_skipped_ms: float,
         bitrate_bps: int | None,
+        app_audio: AppAudioState,
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
         media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
@@ -321,4 +322,5 @@ class SessionReport:
             output_fps=round(fps, 2),
             av_offset_ms=offset_ms,
             bitrate_bps=bitrate_bps,
+            app_audio=app_audio,
         )

@@ -393,4 +393,5 @@ class Session:
             ),
             inbound_skipped_ms=self._mixer.inbound_skipped_ms,
             bitrate_bps=target_bitrate_bps(self.pc, self.video),
+            app_audio=self.app_audio.state(),
         )

@@ -49,6 +49,18 @@ class BufferedMedia:
 
 
 @dataclass(frozen=True)
+class AppAudioState:
+    """The audio apps bring (``docs/apps.md``): whether the caller is getting an
+    utterance now, how many were queued, whether an audio stream is open, and how many
+    event listeners (stream, server-sent events, data channel) follow the session."""
+
+    speaking: bool
+    utterances: int
+    audio_stream: bool
+    event_listeners: int
+
+
+@dataclass(frozen=True)
 class SessionSnapshot:
     """One live call."""
 
@@ -70,6 +82,7 @@ class SessionSnapshot:
     output_fps: float  # video frames sent per second, over about the last 5 s
     av_offset_ms: float | None  # next audio chunk's time - next video frame's time
     bitrate_bps: int | None  # the video encoder's target bitrate, once it exists
+    app_audio: AppAudioState
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,9 @@ class SessionTotals:
     #: resource's share (0..1).
     room_places: int = 0
     room_share: float = 0.0
+    #: Live calls whose caller is getting an app's utterance now, and open audio streams.
+    speaking: int = 0
+    audio_streams: int = 0
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,11 @@ class UtteranceLedger:
         """The utterance whose samples the timeline takes next (None: the queue is empty)."""
         return self._runs[0][0] if self._runs else None
 
+    @property
+    def opened(self) -> int:
+        """Utterances opened so far."""
+        return self._next_number - 1
+
     def is_open(self, number: int) -> bool:
         """Whether ``number`` still takes samples (opened, not closed, not cut)."""
         utterance = self._open.get(number)

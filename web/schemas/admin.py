@@ -23,7 +23,7 @@ from web.schemas.base import (
     SessionStateName,
     UtcTime,
 )
-from web.schemas.signalling import AddedDelay
+from web.schemas.signalling import AddedDelay, AppAudio
 
 
 class LoadRequest(RequestModel):
@@ -142,6 +142,7 @@ class SessionInfo(ResponseModel):
     )
     bitrate_bps: int | None
     remote: str | None
+    app_audio: AppAudio
 
 
 class Sessions(ResponseModel):

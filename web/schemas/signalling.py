@@ -210,6 +210,21 @@ class BufferedMedia(ResponseModel):
     )
 
 
+class AppAudio(ResponseModel):
+    """The audio apps bring to the session (docs/apps.md)."""
+
+    speaking: bool = Field(
+        description="The caller is getting an utterance now (between its `speech_started` "
+        "and its `speech_ended` or `interrupted`)."
+    )
+    utterances: Count = Field(description="Utterances queued so far (pushes, says, streamed).")
+    audio_stream: bool = Field(description="An audio stream WebSocket is open.")
+    event_listeners: Count = Field(
+        description="Readers of the session's events: its audio stream, server-sent-events "
+        "readers and the caller's data channel."
+    )
+
+
 class SessionState(ResponseModel):
     session_id: SessionId
     avatar: AvatarId = Field(description="The avatar this session shows.")
@@ -249,6 +264,7 @@ class SessionState(ResponseModel):
     bitrate_bps: int | None = Field(
         description="The video encoder's target bitrate, once it exists."
     )
+    app_audio: AppAudio
 
 
 class HungUp(ResponseModel):
