@@ -274,6 +274,23 @@ async def test_known_frames_are_encoded_ahead_and_leave_at_their_slot(rig: Rig) 
     assert len(rig.sent) == 2  # only 10 and 11 were lip-synced
 
 
+async def test_a_frame_composed_after_the_one_before_went_out_is_encoded_at_once(
+    rig: Rig,
+) -> None:
+    rig.submit(11)
+    await rig.model.submitted(1)
+    encoder = SlowEncoder(rig.clock)
+    await rig.renderer.packet_for(10, encoder)  # type: ignore[arg-type]
+    # 10 went out idle; 11, still in flight, was not encoded ahead
+    assert len(encoder.images) == 1
+    rig.model.calls[0].future.set_result(rig.model.face())
+    await asyncio.gather(*rig.renderer.in_flight)  # composed: its encode starts now
+    assert len(encoder.images) == 2
+    await rig.renderer.packet_for(11, encoder)  # type: ignore[arg-type]
+    assert len(encoder.images) == 2
+    assert rig.sent[0].encode == 0.0
+
+
 async def test_a_slot_without_a_frame_shows_the_idle_frame(rig: Rig) -> None:
     for index in (0, 7, 13):
         frame = await rig.renderer.frame_for(index)

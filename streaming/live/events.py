@@ -131,13 +131,11 @@ class SessionEvents:
         self._seq = 0
         self.ended = False
         self._end_event: Event | None = None
-        self.published = 0
 
     def publish(self, type_: str, **fields: Any) -> Event:
         """Send an event to every listener; returns it."""
         self._seq += 1
         event: Event = {"type": type_, "seq": self._seq, "session_id": self.session_id, **fields}
-        self.published += 1
         for listener in list(self._listeners):
             listener.offer(event)
             if listener.closed:

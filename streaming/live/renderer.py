@@ -191,10 +191,10 @@ class FrameRenderer:
         if not self._buffers.put_frame(index, frame):
             self._drop_in_flight(index, "late")
             return
-        self._encode_ahead(index)
         self._stats.frames_inferred += 1
         composed_at = self._clock()
         self._ready_at[index] = composed_at
+        self._encode_ahead(index)  # composed after the frame before it went out
         stages = FrameStages(
             features=begun - audio_complete,
             prepare=prepared_at - begun,
