@@ -40,6 +40,7 @@ from config.settings import TtsSettings
 from lipstream_client import Event, connect
 from streaming.audio_in.resample import resample_mono
 from streaming.audio_in.tts import build_tts_engine
+from streaming.audio_rates import OUT_RATE
 from streaming.live.session import Session
 from web.app_keys import SESSIONS
 
@@ -90,7 +91,7 @@ async def _speech(text: str) -> np.ndarray:
     """``text`` spoken by the server's own espeak-ng engine, at :data:`RATE`, trimmed."""
     engine = build_tts_engine(TtsSettings(engine="espeak"))
     try:
-        pcm = resample_mono(await engine.synthesize(text), 16_000, RATE)
+        pcm = resample_mono(await engine.synthesize(text), OUT_RATE, RATE)
     finally:
         await engine.close()
     loud = np.flatnonzero(np.abs(pcm) > 0.05)

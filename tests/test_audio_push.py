@@ -1,4 +1,5 @@
-"""Pushed audio: files and raw PCM of any rate and channel count become 16 kHz mono."""
+"""Pushed audio: files and raw PCM of any rate and channel count become 48 kHz mono, the
+mixer's rate, with their whole band (``docs/architecture.md`` §2)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from streaming.audio_in.push import (
     parse_content_type,
     sniff_audio_type,
 )
+from streaming.audio_rates import OUT_RATE
 from tests.media import write_wav
 
-RATE = 16_000
+RATE = OUT_RATE  # what pushed audio is decoded to
 TOLERANCE_S = 0.020
 
 
@@ -72,7 +74,7 @@ def encode_with_pyav(
 # --- files -------------------------------------------------------------------------
 
 
-def test_wav_22050_stereo_is_mixed_to_16k_mono(tmp_path: Path) -> None:
+def test_wav_22050_stereo_is_mixed_to_48k_mono(tmp_path: Path) -> None:
     mono = tone(440.0, 22_050, 1.5)
     stereo = np.stack([mono, mono], axis=1).reshape(-1)  # interleaved L R
     pcm = decode_pushed_audio(wav_bytes(tmp_path, stereo, 22_050, 2), "audio/wav", {})
@@ -86,15 +88,15 @@ def test_wav_8k_mono_is_upsampled(tmp_path: Path) -> None:
     assert_tone(pcm, 300.0, 1.0)
 
 
-def test_wav_at_16k_matches_the_source(tmp_path: Path) -> None:
+def test_wav_at_48k_matches_the_source(tmp_path: Path) -> None:
     source = tone(1000.0, RATE, 0.5)
     pcm = decode_pushed_audio(wav_bytes(tmp_path, source, RATE), "audio/wave", {})
     assert len(pcm) == len(source)
     np.testing.assert_allclose(pcm, source, atol=1e-4)
 
 
-def test_float_wav_at_16k_mono_passes_through_the_resampler() -> None:
-    # Already flt mono 16 kHz: PyAV's resampler hands back the input frame itself.
+def test_float_wav_at_48k_mono_passes_through_the_resampler() -> None:
+    # Already flt mono 48 kHz: PyAV's resampler hands back the input frame itself.
     source = tone(500.0, RATE, 0.8)
     body = encode_with_pyav(source, RATE, "wav", "pcm_f32le", "flt")
     pcm = decode_pushed_audio(body, "audio/wav", {})
@@ -133,18 +135,18 @@ def test_raw_s16le_with_query_params() -> None:
     assert_tone(pcm, 440.0, 1.0)
 
 
-def test_raw_s16le_at_16k_is_the_source_sample_for_sample() -> None:
+def test_raw_s16le_at_48k_is_the_source_sample_for_sample() -> None:
     source = tone(800.0, RATE, 0.25)
     body = (source * 32768).astype("<i2").tobytes()
-    params = {"format": "s16le", "rate": "16000", "channels": "1"}
+    params = {"format": "s16le", "rate": "48000", "channels": "1"}
     pcm = decode_pushed_audio(body, "audio/pcm", params)
     np.testing.assert_allclose(pcm, source, atol=1.0 / 32768)
 
 
 def test_l16_is_big_endian() -> None:
-    source = tone(440.0, 16_000, 1.0)
+    source = tone(440.0, 48_000, 1.0)
     body = (source * 32767).astype(">i2").tobytes()
-    pcm = decode_pushed_audio(body, "audio/L16; rate=16000", {})
+    pcm = decode_pushed_audio(body, "audio/L16; rate=48000", {})
     np.testing.assert_allclose(pcm, source, atol=1e-4)
     # Read as little-endian the same bytes are noise, so the byte order really is used.
     wrong = np.frombuffer(body, dtype="<i2").astype(np.float32) / 32768
@@ -169,7 +171,7 @@ def test_raw_f32le() -> None:
 
 def test_raw_f32le_out_of_range_values_are_clipped() -> None:
     body = np.array([2.0, -3.0, np.inf, np.nan], dtype="<f4").tobytes()
-    params = {"format": "f32le", "rate": "16000", "channels": "1"}
+    params = {"format": "f32le", "rate": "48000", "channels": "1"}  # no resampling
     pcm = decode_pushed_audio(body, "audio/pcm", params)
     np.testing.assert_array_equal(pcm, [1.0, -1.0, 1.0, 0.0])
 

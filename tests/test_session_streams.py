@@ -28,11 +28,13 @@ from config.settings import Settings
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import offline_features
 from streaming.audio_in.resample import MonoResampler
-from streaming.audio_in.stream import STREAM_RATES
+from streaming.audio_in.stream import STREAM_RATES, PcmStreamDecoder, StreamFormat
+from streaming.audio_rates import CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
 from streaming.live.events import SessionEvents
+from streaming.live.mixer import AudioMixer
 from streaming.live.session import Session
+from streaming.live.stream_in import AudioStreamIn
 from streaming.live.utterances import Mark, UtteranceLedger
-from streaming.webrtc.tracks import CHUNK_SAMPLES
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, until
 from tests.media import SAMPLE_RATE, resample_linear, speech_with_pauses, write_wav
 from tests.test_streaming import MouthProbe, _package
@@ -151,6 +153,28 @@ def test_the_ledger_marks_where_utterances_start_and_end() -> None:
     assert ledger.taken(960, 5) == []
 
 
+def test_an_utterance_after_an_interrupt_starts_with_a_fresh_resampler() -> None:
+    """What the resampler held of a cut utterance is not heard at the start of the next:
+    after the interrupt, the stream gives the mixer what a new stream would."""
+
+    def stream_into(mixer: AudioMixer) -> AudioStreamIn:
+        decoder = PcmStreamDecoder(StreamFormat("f32le", 24_000))
+        return AudioStreamIn(
+            mixer, decoder, max_buffer_s=10.0, on_queued=lambda _: None, on_closed=lambda _: None
+        )
+
+    rng = np.random.default_rng(3)
+    cut, spoken = (rng.uniform(-0.5, 0.5, 2_400).astype("<f4") for _ in range(2))
+    mixer, fresh_mixer = AudioMixer(), AudioMixer()
+    stream, fresh = stream_into(mixer), stream_into(fresh_mixer)
+    stream.write(cut.tobytes())  # its last few samples stay in the resampler
+    mixer.clear_pushed()  # an interrupt cuts it
+    for into in (stream, fresh):
+        into.write(spoken.tobytes())
+        into.end()
+    np.testing.assert_array_equal(mixer.pushed_samples(), fresh_mixer.pushed_samples())
+
+
 async def test_listeners_coalesce_queued_ms_and_overflow_alone() -> None:
     hub = SessionEvents("s1", queue_size=8)
     slow, fast = hub.listen(), hub.listen()
@@ -256,7 +280,9 @@ async def test_chunks_at_every_rate_give_the_features_of_a_whole_push(
     client: Client, tmp_path: Path, fmt: str
 ) -> None:
     """Streamed in uneven messages or pushed whole, the same audio reaches the mixer as the
-    same samples, and so gives the same features (the model sees the same input)."""
+    same samples, and so gives the same features (the model sees the same input). Both are
+    resampled once, straight to the mixer's 48 kHz (at 48 kHz not at all), the stream by
+    a resampler kept across its messages and flushed at ``end``."""
     pushed, streamed = Caller(client), Caller(client)
     await pushed.connect_without_answer()  # never connects: the queue is not played
     await streamed.connect_without_answer()
@@ -300,7 +326,7 @@ async def test_chunks_at_every_rate_give_the_features_of_a_whole_push(
 
 def _features(samples_48k: np.ndarray, encoder: AudioEncoder) -> list[bytes]:
     """The timeline's path: 20 ms chunks at 48 kHz → 16 kHz → features."""
-    down = MonoResampler(48_000, SAMPLE_RATE)
+    down = MonoResampler(OUT_RATE, FEATURE_RATE)
     chunks = [samples_48k[i : i + CHUNK_SAMPLES] for i in range(0, len(samples_48k), CHUNK_SAMPLES)]
     pcm16 = np.concatenate([down.push(c) for c in chunks])
     return [f.features.tobytes() for f in offline_features(pcm16, encoder)]

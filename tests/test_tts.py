@@ -31,9 +31,10 @@ from streaming.audio_in.tts import (
     check_text,
     check_voice,
 )
+from streaming.audio_rates import OUT_RATE
 from tests.media import require_espeak, write_wav
 
-RATE = 16_000
+RATE = OUT_RATE  # what every engine returns: the mixer's rate
 
 
 def rms(pcm: np.ndarray) -> float:
@@ -247,6 +248,27 @@ async def test_http_engine_decodes_the_answer(tts_server: tuple[FakeTtsServer, s
         {"text": "Hello there", "voice": "alice"},
         {"text": "-v bob", "voice": "bob"},
     ]
+
+
+async def test_http_engine_keeps_the_full_band_of_its_answer(
+    tts_server: tuple[FakeTtsServer, str], tmp_path: Path
+) -> None:
+    """A TTS server's 24 kHz voice reaches the mixer up to 12 kHz: a 9 kHz tone comes out
+    as strong as a 3 kHz one (decoded to 16 kHz, as before, it was gone)."""
+    fake, url = tts_server
+    t = np.arange(24_000) / 24_000
+    tones = 0.25 * (np.sin(2 * np.pi * 3_000 * t) + np.sin(2 * np.pi * 9_000 * t))
+    fake.body = write_wav(tmp_path / "tones.wav", tones, 24_000).read_bytes()
+    engine = HttpTtsEngine(url, timeout_s=10.0)
+    try:
+        pcm = await engine.synthesize("tones")
+    finally:
+        await engine.close()
+    assert abs(len(pcm) / RATE - 1.0) <= 0.02
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(len(pcm))))
+    bins = np.fft.rfftfreq(len(pcm), 1.0 / RATE)
+    low, high = (spectrum[np.abs(bins - f) <= 50].max() for f in (3_000, 9_000))
+    assert abs(20 * np.log10(high / low)) < 0.5
 
 
 async def test_http_engine_recognises_wav_sent_as_octet_stream(

@@ -24,7 +24,7 @@ import logging
 from aiohttp import WSMsgType, web
 
 from streaming.audio_in.exceptions import AudioFrameError, AudioQueueFullError
-from streaming.audio_in.stream import MAX_MESSAGE_S, StreamFormat
+from streaming.audio_in.stream import MAX_MESSAGE_S, STREAM_RATES, StreamFormat
 from streaming.live.events import EventListener, error_event, message_type
 from streaming.live.session import Session
 from streaming.live.stream_in import AudioStreamIn
@@ -40,8 +40,8 @@ SEND_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0
 #: Close code and reason for a client that fell too far behind (RFC 6455: policy).
 OVERFLOW_CLOSE = (1008, b"events_overflow")
-#: The largest binary message: a second of f32le at 48 kHz, with room to spare.
-MAX_MESSAGE_BYTES = int(48_000 * 4 * MAX_MESSAGE_S) + 1024
+#: The largest binary message: a second of f32le at the highest rate, with room to spare.
+MAX_MESSAGE_BYTES = int(max(STREAM_RATES) * 4 * MAX_MESSAGE_S) + 1024
 
 
 def _session(request: web.Request) -> Session:

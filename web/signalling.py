@@ -117,8 +117,8 @@ async def push_audio(request: web.Request) -> web.Response:
 
 
 def _queue(session: Session, samples: np.ndarray, source: Source) -> Queued:
-    """Queue 16 kHz audio in ``session`` as one utterance: its number, how long it is, how
-    much is queued now."""
+    """Queue audio decoded to the mixer's 48 kHz in ``session`` as one utterance: its
+    number, how long it is, how much is queued now."""
     queued = session.app_audio.push(samples, source)
     return Queued(
         utterance=queued.utterance,

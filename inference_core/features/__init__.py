@@ -1,5 +1,5 @@
-"""Audio features: 16 kHz PCM in, one model audio input per video frame out
-(``docs/architecture.md`` §3).
+"""Audio features: 16 kHz PCM (:data:`FEATURE_RATE`) in, one model audio input per video
+frame out (``docs/architecture.md`` §3).
 
 :class:`StreamingMel` makes the "ave" mel spectrogram 20 ms at a time,
 :class:`AudioEncoder` turns each 16-step mel window into 512 values, and
@@ -12,7 +12,7 @@ helpers and :mod:`inference_core.exceptions`.
 from __future__ import annotations
 
 from inference_core.features.encoder import AudioEncoder
-from inference_core.features.mel import MelConfig, StreamingMel, melspectrogram
+from inference_core.features.mel import FEATURE_RATE, MelConfig, StreamingMel, melspectrogram
 from inference_core.features.stream import (
     AudioFeatureStream,
     FrameAudio,
@@ -21,6 +21,7 @@ from inference_core.features.stream import (
 )
 
 __all__ = [
+    "FEATURE_RATE",
     "AudioEncoder",
     "AudioFeatureStream",
     "FrameAudio",

@@ -25,12 +25,17 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float32]
 Float64Array = npt.NDArray[np.float64]
 
+#: The sample rate every trained model's audio features are computed from (16 kHz mono).
+#: Audio arrives at other rates (a call's 48 kHz, a file's own) and is resampled to this
+#: only where features are made.
+FEATURE_RATE = 16_000
+
 
 @dataclass(frozen=True, slots=True)
 class MelConfig:
     """Parameters of the mel spectrogram; the defaults are the trained models' values."""
 
-    sample_rate: int = 16000
+    sample_rate: int = FEATURE_RATE
     n_fft: int = 800
     hop: int = 200
     win: int = 800

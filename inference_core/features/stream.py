@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from inference_core.exceptions import ModelInputError
 from inference_core.features.encoder import ENCODER_FEATURES, MEL_WINDOW, AudioEncoder
-from inference_core.features.mel import MelConfig, StreamingMel
+from inference_core.features.mel import FEATURE_RATE, MelConfig, StreamingMel
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class AudioFeatureStream:
         kind: FeatureKind = "ave",
         fps: int = 25,
         right_context: int = MAX_RIGHT_CONTEXT,
-        sample_rate: int = 16000,
+        sample_rate: int = FEATURE_RATE,
     ) -> None:
         _check_args(kind, fps, right_context)
         cfg = MelConfig()

@@ -1,7 +1,10 @@
 """Decode any audio file PyAV can read into the two forms the pipeline needs.
 
-16 kHz mono float32 feeds the audio features; a 48 kHz copy (mono or stereo, as the
-source) is what goes back out to the listener, so output audio keeps its quality.
+16 kHz mono float32 (:data:`~streaming.audio_rates.FEATURE_RATE`) feeds the audio
+features; a 48 kHz copy (mono or stereo, as the source) is what goes back out to the
+listener, so output audio keeps its quality. This is the offline render's decoder; audio
+a live session gets is decoded to 48 kHz only (:mod:`~streaming.audio_in.push`,
+``docs/architecture.md`` §2).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import numpy as np
 
 from streaming.audio_in.exceptions import AudioInputError
 
-FEATURE_RATE = 16_000
+# Re-exported (``as``) for the offline render, which imports it from here.
+from streaming.audio_rates import FEATURE_RATE as FEATURE_RATE
+from streaming.audio_rates import OUT_RATE
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ def _planar(frames: list[av.AudioFrame], channels: int, scale: float) -> np.ndar
     return (np.concatenate(arrays, axis=1).astype(np.float32) * scale).astype(np.float32)
 
 
-def decode_audio(path: Path, *, out_rate: int = 48_000) -> DecodedAudio:
+def decode_audio(path: Path, *, out_rate: int = OUT_RATE) -> DecodedAudio:
     """Decode ``path`` (any rate, any channel count, any container PyAV reads).
 
     Raises :class:`AudioInputError` when the file is missing, unreadable or has no audio.

@@ -1,4 +1,9 @@
-"""Audio that apps push into a live session over HTTP, decoded to 16 kHz mono float32.
+"""Audio that apps push into a live session over HTTP, decoded to 48 kHz mono float32.
+
+48 kHz (:data:`~streaming.audio_rates.OUT_RATE`) is the mixer's rate and the rate of the
+Opus stream the caller hears, so a body is resampled once, straight to it, and keeps its
+whole band (up to 24 kHz); the features' 16 kHz is made later, by the session's timeline
+(``docs/architecture.md`` §2).
 
 Two kinds of body are accepted:
 
@@ -30,10 +35,9 @@ import numpy as np
 from config.settings import SessionSettings
 from streaming.audio_in.exceptions import AudioInputError, AudioTooLargeError
 from streaming.audio_in.resample import resample_mono
+from streaming.audio_rates import OUT_RATE
 
 logger = logging.getLogger(__name__)
-
-TARGET_RATE = 16_000
 
 #: Content types of audio files, and the FFmpeg demuxer each one is opened with.
 CONTAINER_FORMATS: Mapping[str, str] = MappingProxyType(
@@ -150,7 +154,7 @@ def decode_pushed_audio(
     *,
     limits: AudioLimits | None = None,
 ) -> np.ndarray:
-    """Decode a pushed body to float32 mono samples at 16 kHz in [-1, 1].
+    """Decode a pushed body to float32 mono samples at 48 kHz (``OUT_RATE``) in [-1, 1].
 
     ``content_type`` is the whole Content-Type header (its parameters are read);
     ``params`` are the request's query parameters. Raw PCM reads ``rate``,
@@ -175,7 +179,7 @@ def decode_pushed_audio(
             f"unsupported audio content type {media or '(none)'!r}; "
             f"send one of: {', '.join(SUPPORTED_TYPES)}"
         )
-    logger.debug("decoded %d bytes of %s: %.2f s", len(body), media, len(pcm) / TARGET_RATE)
+    logger.debug("decoded %d bytes of %s: %.2f s", len(body), media, len(pcm) / OUT_RATE)
     return pcm
 
 
@@ -183,7 +187,7 @@ def decode_container(body: bytes, media: str, *, limits: AudioLimits | None = No
     """Decode an audio file of type ``media`` (a key of :data:`CONTAINER_FORMATS`).
 
     It is opened with that type's FFmpeg demuxer; any rate and channel count; the first
-    audio stream is used. Returns float32 mono at 16 kHz. Raises :class:`AudioInputError` or
+    audio stream is used. Returns float32 mono at 48 kHz. Raises :class:`AudioInputError` or
     :class:`AudioTooLargeError`.
     """
     demuxer = CONTAINER_FORMATS.get(media)
@@ -200,17 +204,17 @@ def decode_container(body: bytes, media: str, *, limits: AudioLimits | None = No
             if not container.streams.audio:
                 raise AudioInputError(f"the {media} body holds no audio stream")
             stream = container.streams.audio[0]
-            # One resampler only, so its pass-through case (input already 16 kHz mono
+            # One resampler only, so its pass-through case (input already 48 kHz mono
             # flt hands back the input frame, altered) harms nothing: each frame is
             # copied out before the next one is decoded.
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=TARGET_RATE)
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=OUT_RATE)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray().reshape(-1).copy())
                     total += out.samples
                 if limits is not None:
                     # Checked while decoding: a few KiB can expand to hours of samples.
-                    limits.check_seconds(total / TARGET_RATE)
+                    limits.check_seconds(total / OUT_RATE)
             for out in resampler.resample(None):
                 chunks.append(out.to_ndarray().reshape(-1).copy())
     except av.error.FFmpegError as exc:
@@ -220,7 +224,7 @@ def decode_container(body: bytes, media: str, *, limits: AudioLimits | None = No
         ) from exc
     pcm = _finish(chunks)
     if limits is not None:
-        limits.check_seconds(len(pcm) / TARGET_RATE)
+        limits.check_seconds(len(pcm) / OUT_RATE)
     return pcm
 
 
@@ -255,7 +259,7 @@ def _decode_raw(
         mono = np.nan_to_num(samples.mean(axis=1, dtype=np.float32), posinf=1.0, neginf=-1.0)
     else:
         mono = samples.mean(axis=1, dtype=np.float32) / np.float32(32768.0)
-    return _finish([resample_mono(np.clip(mono, -1.0, 1.0), rate, TARGET_RATE)])
+    return _finish([resample_mono(np.clip(mono, -1.0, 1.0), rate, OUT_RATE)])
 
 
 def _required(params: Mapping[str, str], name: str, media: str) -> str:

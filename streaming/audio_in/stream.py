@@ -1,12 +1,13 @@
-"""Raw PCM that arrives in pieces (a WebSocket stream), decoded to 16 kHz mono float32.
+"""Raw PCM that arrives in pieces (a WebSocket stream), decoded to 48 kHz mono float32.
 
 The declared format and rate are checked once, when the stream opens; each binary
 message is then checked on its own (whole samples, at most :data:`MAX_MESSAGE_S` of
 audio, finite floats) and converted exactly as a whole raw-PCM push is
 (:func:`~streaming.audio_in.push.decode_pushed_audio`): to float, clipped to [-1, 1],
-resampled to 16 kHz by a resampler that keeps its state between messages. So the same
-audio gives the same samples, and the same lip-sync, whichever way it arrives. A
-refused message leaves that state untouched.
+resampled to the mixer's 48 kHz (``docs/architecture.md`` §2) by a resampler that keeps
+its state between the messages of an utterance and is flushed at its end. So the same
+audio gives the same samples, and the same lip-sync, whichever way it arrives. A refused
+message leaves that state untouched.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from types import MappingProxyType
 import numpy as np
 
 from streaming.audio_in.exceptions import AudioFrameError, StreamFormatError
-from streaming.audio_in.push import TARGET_RATE
 from streaming.audio_in.resample import MonoResampler
+from streaming.audio_rates import OUT_RATE
 
 #: Sample formats a stream may declare, and their numpy dtypes (little-endian).
 STREAM_FORMATS: Mapping[str, str] = MappingProxyType({"s16le": "<i2", "f32le": "<f4"})
@@ -67,14 +68,20 @@ class StreamFormat:
 
 
 class PcmStreamDecoder:
-    """Decodes one stream's messages to 16 kHz mono float32, seamlessly across messages."""
+    """Decodes one stream's messages to 48 kHz mono float32, seamlessly across the messages
+    of an utterance."""
 
     def __init__(self, stream_format: StreamFormat) -> None:
         self.format = stream_format
         self._dtype = np.dtype(STREAM_FORMATS[stream_format.format])
         self._resampler: MonoResampler | None = None
-        if stream_format.rate != TARGET_RATE:
-            self._resampler = MonoResampler(stream_format.rate, TARGET_RATE)
+        self.restart()
+
+    def restart(self) -> None:
+        """Start a new utterance: drop whatever the resampler holds of the last one (cut
+        by an interrupt; one that ended was flushed already)."""
+        if self.format.rate != OUT_RATE:
+            self._resampler = MonoResampler(self.format.rate, OUT_RATE)
 
     def samples_in(self, message: bytes) -> int:
         """How many samples ``message`` holds; :class:`AudioFrameError` if it is unusable."""
@@ -94,7 +101,7 @@ class PcmStreamDecoder:
         return count
 
     def decode(self, message: bytes) -> np.ndarray:
-        """The 16 kHz samples of ``message`` ready so far (the resampler lags a few)."""
+        """The 48 kHz samples of ``message`` ready so far (the resampler lags a few)."""
         self.samples_in(message)
         samples = np.frombuffer(message, dtype=self._dtype)
         if self._dtype.kind == "f":
@@ -111,7 +118,7 @@ class PcmStreamDecoder:
         if self._resampler is None:
             return np.zeros(0, dtype=np.float32)
         tail = self._out(self._resampler.flush())
-        self._resampler = MonoResampler(self.format.rate, TARGET_RATE)
+        self.restart()
         return tail
 
     @staticmethod

@@ -5,7 +5,8 @@
   decodes the audio it answers with;
 * :class:`NoTtsEngine` refuses with a message that says how to enable TTS.
 
-Every engine returns float32 mono samples at 16 kHz in [-1, 1] and has ``async close()``.
+Every engine returns float32 mono samples at the mixer's 48 kHz in [-1, 1] (decoded as a
+push is, so a TTS server's full band reaches the caller) and has ``async close()``.
 
 Errors (:mod:`streaming.audio_in.exceptions`)::
 
@@ -65,7 +66,7 @@ class TtsEngine(Protocol):
     name: str
 
     async def synthesize(self, text: str, *, voice: str | None = None) -> np.ndarray:
-        """Speak ``text``; float32 mono at 16 kHz in [-1, 1]. Raises :class:`TtsError`."""
+        """Speak ``text``; float32 mono at 48 kHz in [-1, 1]. Raises :class:`TtsError`."""
         ...
 
     async def close(self) -> None:

@@ -14,17 +14,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from streaming.audio_in.resample import resample_mono
 from streaming.audio_in.stream import PcmStreamDecoder, StreamFormat
+from streaming.audio_rates import OUT_RATE
 from streaming.exceptions import StreamBusyError
 from streaming.live.events import SessionEvents
 from streaming.live.mixer import AudioMixer
 from streaming.live.snapshot import AppAudioState
 from streaming.live.speech import SpeechEvents
 from streaming.live.stream_in import AudioStreamIn, Queued
-from streaming.live.timeline import FEATURE_RATE
 from streaming.live.utterances import Source
-from streaming.webrtc.tracks import OUT_RATE
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +46,14 @@ class AppAudio:
         self._on_audio = on_audio
         self._stream: AudioStreamIn | None = None
 
-    def push(self, samples_16k: np.ndarray, source: Source) -> Queued:
-        """Queue 16 kHz mono audio as one whole utterance (a push or a say)."""
-        samples = resample_mono(samples_16k, FEATURE_RATE, OUT_RATE)
+    def push(self, samples: np.ndarray, source: Source) -> Queued:
+        """Queue mono audio at the mixer's 48 kHz (as :mod:`streaming.audio_in` decodes it)
+        as one whole utterance (a push or a say)."""
         self._mixer.check_room(len(samples))
         number = self._mixer.utterances.open(source)
         queued_s = self._mixer.push(samples, number)
         self._mixer.utterances.close(number)
-        queued = Queued(number, len(samples_16k) / FEATURE_RATE, queued_s)
+        queued = Queued(number, len(samples) / OUT_RATE, queued_s)
         self._queued(queued)
         return queued
 

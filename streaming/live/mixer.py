@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from streaming.audio_in.exceptions import AudioQueueFullError
+from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
 from streaming.live.utterances import Mark, UtteranceLedger
-from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import av
 import numpy as np
 
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, SILENCE, stamped
+from streaming.audio_rates import AUDIO_CHUNK_S
+from streaming.webrtc.tracks import SILENCE, stamped
 
 STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
 

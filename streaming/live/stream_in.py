@@ -2,9 +2,9 @@
 
 Each message is decoded on arrival and queued at once, so the avatar starts speaking on
 the first one (``docs/apps.md``). Messages join the open utterance until ``end``; the
-16 kHz → 48 kHz resampler is kept across the messages of one utterance and flushed at
-its end, as a whole push is resampled in one piece, so the mixer gets the same samples
-either way.
+decoder resamples them straight to the mixer's 48 kHz (``docs/architecture.md`` §2) with
+a resampler kept across the messages of one utterance and flushed at its end, as a whole
+push is resampled in one piece, so the mixer gets the same samples either way.
 
 The stream's queue is bounded by time (``session.max_stream_buffer_s``): a message that
 would take the session's queued audio past it is refused whole
@@ -20,11 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from streaming.audio_in.exceptions import AudioQueueFullError
-from streaming.audio_in.resample import MonoResampler
 from streaming.audio_in.stream import PcmStreamDecoder
 from streaming.live.mixer import AudioMixer
-from streaming.live.timeline import FEATURE_RATE
-from streaming.webrtc.tracks import OUT_RATE
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,6 @@ class AudioStreamIn:
         self._on_queued = on_queued
         self._on_closed = on_closed
         self._utterance: int | None = None
-        self._upsampler = MonoResampler(FEATURE_RATE, OUT_RATE)
         self.messages = 0
         self.received_s = 0.0
         self.closed = False
@@ -76,22 +72,22 @@ class AudioStreamIn:
                 f"stream holds at most {self.max_buffer_s * 1000:.0f} ms; send at real time "
                 "(watch queued_ms) or interrupt"
             )
+        opens = self.utterance is None  # a new one, or the last was cut by an interrupt
+        if opens:
+            self.decoder.restart()  # nothing of a cut utterance leaks into this one
         samples = self.decoder.decode(message)
         self.messages += 1
         self.received_s += seconds
-        if self.utterance is None:  # a new one, or the last was cut by an interrupt
+        if opens:
             self._utterance = self._mixer.utterances.open("stream")
-            self._upsampler = MonoResampler(FEATURE_RATE, OUT_RATE)
-        return self._queue(self._upsampler.push(samples), seconds)
+        return self._queue(samples, seconds)
 
     def end(self) -> Queued | None:
-        """The open utterance is complete: queue what the resamplers hold, close it."""
+        """The open utterance is complete: queue what the resampler holds, close it."""
         number = self.utterance
         if number is None:
             return None
-        tail = self._upsampler.push(self.decoder.flush())
-        tail = np.concatenate([tail, self._upsampler.flush()])
-        queued = self._queue(tail, 0.0)
+        queued = self._queue(self.decoder.flush(), 0.0)
         self._mixer.utterances.close(number)
         self._utterance = None
         return queued
@@ -111,7 +107,7 @@ class AudioStreamIn:
         self.closed = True
         try:
             self.end()
-        except AudioQueueFullError:  # the resampler's few ms did not fit: end it without
+        except AudioQueueFullError:  # the resampler's few samples did not fit: end without
             if self._utterance is not None:
                 self._mixer.utterances.close(self._utterance)
         self._on_closed(self)

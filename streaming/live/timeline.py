@@ -36,12 +36,12 @@ import numpy as np
 from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, FrameAudio
 from streaming.audio_in.resample import MonoResampler
+from streaming.audio_rates import AUDIO_CHUNK_S, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, OUT_RATE, SILENCE, OpusChunkEncoder, stamped
+from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, stamped
 
-FEATURE_RATE = 16_000
 T = TypeVar("T")
 
 

@@ -27,13 +27,15 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+# Re-exported (``as``) for the modules that still import the rates from here; they live
+# in streaming.audio_rates.
+from streaming.audio_rates import AUDIO_CHUNK_S as AUDIO_CHUNK_S
+from streaming.audio_rates import CHUNK_SAMPLES as CHUNK_SAMPLES
+from streaming.audio_rates import OUT_RATE as OUT_RATE
+
 logger = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90_000
-#: The outgoing audio: 48 kHz mono, one 20 ms chunk (one Opus packet) per slot.
-OUT_RATE = 48_000
-CHUNK_SAMPLES = 960
-AUDIO_CHUNK_S = CHUNK_SAMPLES / OUT_RATE
 # Lateness a track makes up by sending at once; beyond it, missed slots are skipped.
 CATCH_UP_S = 0.1
 #: Opus bitrate of the outgoing voice (mono, 20 ms frames): transparent for speech.
