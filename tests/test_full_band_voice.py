@@ -296,7 +296,9 @@ async def test_pushed_and_streamed_tones_reach_the_caller_full_band(
     after Opus, each high tone is within 6 dB of its 3 kHz tone (measured: 0.0 dB for both;
     before, 11 kHz at −121 to −123 dB and 9 kHz at −99 dB)."""
     http = lc.Client(str(client.make_url("")), session=client.session)
-    call = await lc.open_call(http, "demo", pc=RTCPeerConnection())
+    # A second of audio frames would be the client's default: keep all, whatever the load.
+    queues = lc.QueueSizes(audio=3000)
+    call = await lc.open_call(http, "demo", pc=RTCPeerConnection(), queues=queues)
     heard = Heard(call)
     try:
         await call.wait_connected(60.0)
