@@ -659,12 +659,24 @@ async def test_close_unloads_everything_and_stops_load_threads(
 
 
 async def test_close_during_a_load_leaves_no_thread(make_registry: MakeRegistry) -> None:
-    registry = make_registry()
+    opening, release = threading.Event(), threading.Event()
+
+    def held_open(graph: ServingGraph, device: Device) -> ort.InferenceSession:
+        opening.set()
+        release.wait(10)
+        return open_session(graph.serialized())
+
+    registry = make_registry(session_factory=held_open)
     loading = asyncio.ensure_future(registry.acquire("a"))
-    await asyncio.sleep(0)  # the load has started
+    # The load is on its device thread (not merely queued) when close() comes.
+    assert await asyncio.to_thread(opening.wait, 10), "the load never reached its thread"
     assert registry.entry("a").state == "loading"
-    await registry.close()
+    closing = asyncio.ensure_future(registry.close())
     with pytest.raises(ShuttingDownError, match="closed while 'a' was loading"):
-        await loading
+        await asyncio.wait_for(loading, 10)  # fails as soon as close() cancels the load
+    assert not closing.done()  # close() waits for the thread's work
+    release.set()
+    await asyncio.wait_for(closing, 10)
     assert registry.entry("a").model is None
+    assert registry.entry("a").state == "registered"
     assert not any(t.name.startswith("lipstream-load") for t in threading.enumerate())

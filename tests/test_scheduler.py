@@ -170,6 +170,13 @@ async def wait_started(runner: RecordingRunner) -> None:
     assert await asyncio.to_thread(runner.started.wait, 10), "runner never started"
 
 
+async def until_holding(scheduler: DeviceScheduler) -> None:
+    """Wait until every worker has looked at every queued frame and chose to wait."""
+    async with asyncio.timeout(10):
+        while not scheduler.holding:  # noqa: ASYNC110 - test polling
+            await asyncio.sleep(0.01)
+
+
 async def settle(requests: Sequence[FrameRequest]) -> list[np.ndarray | BaseException]:
     futures = [r.future for r in requests]
     return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
@@ -278,7 +285,7 @@ async def test_batching_window_waits_for_a_session_that_is_due_then_times_out(
     first_three = [frame("m", clock.now + FAR, session=f"s{i}") for i in range(3)]
     for request in first_three:
         scheduler.submit(request, runner)
-    await asyncio.sleep(0.05)
+    await until_holding(scheduler)
     assert scheduler.pending_for("m") == 3  # s3 is due now: the batch waits for it
     fourth = frame("m", clock.now + FAR, session="s3")
     scheduler.submit(fourth, runner)  # the batch is full now
@@ -288,11 +295,32 @@ async def test_batching_window_waits_for_a_session_that_is_due_then_times_out(
 
     straggler = frame("m", clock.now + FAR)  # no session: the plain window applies
     scheduler.submit(straggler, runner)
-    await asyncio.sleep(0.05)
+    await until_holding(scheduler)
     assert scheduler.pending_for("m") == 1
     clock.advance(0.3)  # past max_wait: it runs alone
     await settle([straggler])
     assert runner.batches[1:] == [[straggler]]
+
+
+async def test_holding_means_every_worker_chose_to_wait(harness: Harness) -> None:
+    clock = FakeClock()  # frozen: an open batching window stays open
+    scheduler = harness.scheduler(workers=2, max_wait_ms=50, clock=clock)
+    await until_holding(scheduler)  # idle: nothing to look at
+    busy = RecordingRunner("busy", max_batch_size=1, gate=harness.gate())
+    running = frame("busy", clock.now + FAR)
+    scheduler.submit(running, busy)  # a full batch of one: it runs at once
+    await wait_started(busy)
+    held = frame("m", clock.now + FAR)
+    scheduler.submit(held, RecordingRunner("m"))
+    assert not scheduler.holding  # one worker is still busy with "busy"
+    assert busy.gate is not None
+    busy.gate.set()
+    await settle([running])
+    await until_holding(scheduler)
+    assert scheduler.pending_for("m") == 1  # both workers saw it and left it in its window
+    await asyncio.to_thread(scheduler.stop, 10)
+    assert not scheduler.holding
+    assert isinstance((await settle([held]))[0], ShuttingDownError)
 
 
 async def test_frames_do_not_wait_for_partners_that_are_not_due(harness: Harness) -> None:

@@ -14,7 +14,8 @@ How a worker picks its next batch:
 3. Of the ready models, the one with the earliest deadline goes first, so a session that
    falls behind is served first; its frames are taken in deadline order.
 4. When no model is ready, the worker sleeps on the condition until the first one
-   becomes ready or a new frame arrives.
+   becomes ready or a new frame arrives. Once every worker sleeps so, having looked at
+   every frame queued, the scheduler is :attr:`~DeviceScheduler.holding` its frames.
 
 A worker never idles in a batching window while another model's batch is ready: with
 many models that wait would be paid by every other session on the device.
@@ -25,7 +26,7 @@ its batch fails with an :class:`InferenceError`, the death is logged with its tr
 and counted (``workers_restarted``), and a replacement thread with the same name takes
 its place, so the device keeps its worker count and no frame is left waiting forever.
 
-Why one module of about 500 lines: the queues, the batch choice, the counters and the
+Why one module of about 550 lines: the queues, the batch choice, the counters and the
 workers' supervision are guarded by one condition variable and change together under
 it; what needs no lock lives beside it (:mod:`~inference_core.serving.scheduler_stats`
 for the counters, :mod:`~inference_core.serving.arrivals` for who is due).
@@ -167,6 +168,11 @@ class DeviceScheduler:
         self._started_at: float | None = None
         self._stopping = False
         self._stopped = threading.Event()  # cuts a replacement's backoff short
+        # For ``holding``: workers asleep in ``_next_job`` and whether a frame came in
+        # since a worker last looked. Plain fields under the lock the hot path already
+        # takes, so observing the decision costs no allocation and no second lock.
+        self._asleep = 0
+        self._unseen = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -271,6 +277,7 @@ class DeviceScheduler:
                     self._arrivals.forget_stale(now)
                     self._arrivals_pruned_at = now
                 self._pending += 1
+                self._unseen = True
                 self._stats.submitted += 1
                 # One waiter is enough: whoever takes a batch wakes the next if work is left.
                 self._cond.notify()
@@ -313,6 +320,20 @@ class DeviceScheduler:
         with self._cond:
             queue = self._queues.get(model_id)
             return len(queue.heap) if queue is not None else 0
+
+    @property
+    def holding(self) -> bool:
+        """True when every worker is asleep, having looked at every frame queued so far.
+
+        Frames still pending are then held on purpose: none of their batches is ready
+        (full, past its window, or with no partner due) as of the worker's last look.
+        A test awaits this, then asserts a batch did *not* run, instead of sleeping and
+        hoping. A move of ``clock`` is not a new frame: it is seen when a worker's wait
+        times out, so after one, await the frames' results rather than this.
+        """
+        with self._cond:
+            workers = len(self._workers)
+            return not self._stopping and not self._unseen and 0 < workers == self._asleep
 
     def stats(self) -> SchedulerStats:
         """A consistent snapshot of this device's counters."""
@@ -423,6 +444,7 @@ class DeviceScheduler:
         """
         while not self._stopping:
             now = self._clock()
+            self._unseen = False  # this pass looks at every queued frame
             expired: list[tuple[FrameRequest, float]] = []
             best: _ModelQueue | None = None
             best_id = ""
@@ -453,7 +475,11 @@ class DeviceScheduler:
             if best is None:
                 if expired:  # fail them now, outside the lock, then look again
                     return _Job(None, [], expired, [])
-                self._cond.wait(None if wake_at == math.inf else wake_at - now)
+                self._asleep += 1
+                try:
+                    self._cond.wait(None if wake_at == math.inf else wake_at - now)
+                finally:
+                    self._asleep -= 1
                 continue
             runner = best.runner
             entries = best.pop_batch(self._limit(runner))
