@@ -129,7 +129,7 @@ def _process_cpu(pid: int) -> float:
 async def _calls_live(app: web.Application, one: bool) -> None:
     """Return once the load client's calls are live (60 s at most)."""
     if one:
-        await wait_for_calls(app, CALLS, lambda s: s.video.frames_sent > 0)
+        await wait_for_calls(app, CALLS, lambda s: s.frames_sent > 0)
         return
     from web.cluster.app import FRONT
 

@@ -217,9 +217,9 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
     async with live_server(root) as (app, url):
         load = start_load(url, calls=calls, seconds=seconds, speech=speech, microphone=True)
         client = await load
-        sessions = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
+        sessions = await wait_for_calls(app, calls, lambda s: s.frames_sent > 0)
         await asyncio.sleep(2.0)  # every call speaking, caches warm
-        sent0 = sum(s.video.frames_sent for s in sessions)
+        sent0 = sum(s.frames_sent for s in sessions)
         inferred0 = sum(s.stats.frames_inferred for s in sessions)
         with stage_cpu() as cost:
             cpu0, t0 = cpu_seconds(), time.monotonic()
@@ -227,7 +227,7 @@ async def _live(root: Path, calls: int, seconds: float) -> dict[str, Any]:
             cpu, window = cpu_seconds() - cpu0, time.monotonic() - t0
             stages = dict(cost)
             meter = app[SESSIONS].cpu_meter.ms_per_frame()
-        sent = sum(s.video.frames_sent for s in sessions) - sent0
+        sent = sum(s.frames_sent for s in sessions) - sent0
         inferred = sum(s.stats.frames_inferred for s in sessions) - inferred0
         out, _ = await client.communicate()
         client_result(out, client.returncode)

@@ -177,7 +177,7 @@ async def load_run(
     seen: dict[str, Session] = {}
     # Wait until every call sends frames and speaks, then reset the stats: from here on
     # the window is steady speech.
-    live = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
+    live = await wait_for_calls(app, calls, lambda s: s.frames_sent > 0)
     await asyncio.sleep(1.5)
     for session in live:
         seen[session.session_id] = session

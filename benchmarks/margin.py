@@ -98,13 +98,13 @@ async def _pinned_window(
             url, calls=calls, seconds=seconds, speech=speech, microphone=True, cpus=client_cpus
         )
         client = await load
-        sessions = await wait_for_calls(app, calls, lambda s: s.video.frames_sent > 0)
+        sessions = await wait_for_calls(app, calls, lambda s: s.frames_sent > 0)
         await asyncio.sleep(1.0)
         before = [(s.stats.frames_inferred, sum(s.stats.frames_dropped.values())) for s in sessions]
-        cpu0, sent0 = cpu_seconds(), sum(s.video.frames_sent for s in sessions)
+        cpu0, sent0 = cpu_seconds(), sum(s.frames_sent for s in sessions)
         await asyncio.sleep(seconds * 0.7)
         cpu = cpu_seconds() - cpu0
-        sent = sum(s.video.frames_sent for s in sessions) - sent0
+        sent = sum(s.frames_sent for s in sessions) - sent0
         inferred = sum(s.stats.frames_inferred for s in sessions) - sum(b[0] for b in before)
         dropped = sum(sum(s.stats.frames_dropped.values()) for s in sessions) - sum(
             b[1] for b in before

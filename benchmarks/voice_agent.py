@@ -64,7 +64,7 @@ class FrameLog:
     _lip_synced: bool = False
 
     def attach(self, session: Session) -> None:
-        session.video.sent_listeners.append(self._sent)
+        session.pipeline.sent_listeners.append(self._sent)
 
     def lip_synced_sent(self, _sending: object) -> None:  # SessionManager.on_frame_sent
         self._lip_synced = True

@@ -21,6 +21,8 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.scheduler import DeviceScheduler
 from streaming.live.reporting import SENDING, STAGES
+from streaming.live.tasks import END_REASONS
+from streaming.live.tasks import STAGES as TASK_STAGES
 from tests.live_calls import GENEROUS_MARGIN_MS, until
 from tests.packages import make_package
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
@@ -44,13 +46,18 @@ DROP_REASONS = {
 }
 ALLOWED_LABELS = {
     "device": set(DEVICES),
-    "reason": DROP_REASONS | {"capacity", "idle", "admin"},
+    # frames dropped, models evicted, and sessions ended (streaming/live/tasks.py)
+    "reason": DROP_REASONS
+    | {"capacity", "idle", "admin", "other"}
+    | set(END_REASONS)
+    | {f"{stage} failed" for stage in TASK_STAGES},
     "event": {"started", "ended", "rejected", "failed"},
     "stage": set(STAGES) | set(SENDING),
 }
 FAMILIES = {
     "counter": [
         "lipstream_sessions",
+        "lipstream_sessions_ended",
         "lipstream_frames_served",
         "lipstream_frames_inferred",
         "lipstream_frames_dropped",
@@ -297,6 +304,7 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         assert value(ended, "lipstream_sessions_live") == 0
         assert value(ended, "lipstream_sessions_total", event="started") == 1
         assert value(ended, "lipstream_sessions_total", event="ended") == 1
+        assert value(ended, "lipstream_sessions_ended_total", reason="hung up by API") == 1
         assert_labels_bounded(ended, forbidden=[session_id, "demo"])
 
 

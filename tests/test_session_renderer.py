@@ -21,7 +21,7 @@ from streaming.frame_pipeline import FramePipeline
 from streaming.live.renderer import COMPOSE_S, MAX_FRAMES_IN_FLIGHT, FrameRenderer
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
-from streaming.webrtc.tracks import SessionClock
+from streaming.webrtc.pacing import SessionClock
 from tests.packages import make_package
 
 FPS = 25
@@ -112,6 +112,7 @@ class Rig:
     clock: Clock
     ready: list[FrameStages]
     sent: list[FrameSending]
+    failures: list[tuple[str, BaseException]]
 
     def submit(self, index: int) -> None:
         count = len(self.frames)
@@ -127,7 +128,7 @@ class Rig:
 @pytest.fixture
 def rig(package: AvatarPackage) -> Rig:
     frames = AvatarFrames(package.avatar_id, package.frame_paths, BackgroundCache(10_000_000))
-    schedule = SessionClock(DELAY_S, on_start=lambda _start: None)
+    schedule = SessionClock(DELAY_S)
     schedule.start = START
     buffers = SendBuffers(DELAY_S, FPS)
     stats = SessionStats()
@@ -135,6 +136,7 @@ def rig(package: AvatarPackage) -> Rig:
     clock = Clock(START)
     ready: list[FrameStages] = []
     sent: list[FrameSending] = []
+    failures: list[tuple[str, BaseException]] = []
     renderer = FrameRenderer(
         "session-1",
         model,  # type: ignore[arg-type]
@@ -145,11 +147,12 @@ def rig(package: AvatarPackage) -> Rig:
         stats,
         fps=FPS,
         lookahead_ms=LOOKAHEAD_MS,
+        on_failure=lambda stage, exc: failures.append((stage, exc)),
         on_frame_ready=ready.append,
         on_frame_sent=sent.append,
         clock=clock,
     )
-    return Rig(renderer, model, buffers, stats, frames, clock, ready, sent)
+    return Rig(renderer, model, buffers, stats, frames, clock, ready, sent, failures)
 
 
 async def test_a_rendered_frame_is_sent_in_its_slot(rig: Rig) -> None:
@@ -260,7 +263,7 @@ async def test_known_frames_are_encoded_ahead_and_leave_at_their_slot(rig: Rig) 
     # (a frame it has not reached may still be inferred).
     await rig.renderer.packet_for(12, encoder)  # type: ignore[arg-type]
     assert len(encoder.images) == 3
-    rig.renderer.decided = lambda: 20
+    rig.renderer.decided_until(20)
     await rig.renderer.packet_for(13, encoder)  # type: ignore[arg-type]
     assert len(encoder.images) == 5  # 13 at its slot, then 14 ahead
     # Slots 14 and 15 skipped (a late track): the frame encoded ahead still goes (the
@@ -344,6 +347,26 @@ async def test_inference_errors_are_counted_by_class_name(rig: Rig) -> None:
     assert rig.stats.frames_dropped == {"DeadlineExceededError": 1, "QueueFullError": 1}
     assert rig.stats.frames_inferred == 0
     assert rig.buffers.sizes().frames == 0
+    assert rig.failures == []  # a frame the core could not serve is a drop, not a fault
+
+
+async def test_any_other_render_error_is_counted_once_and_fails_the_render_stage(
+    rig: Rig,
+) -> None:
+    rig.submit(1)
+    rig.submit(2)
+    await rig.model.submitted(2)
+    broken = ValueError("a face of the wrong shape")
+    rig.model.calls[0].future.set_result(np.zeros((3, 3, 3), np.uint8))  # compose fails
+    rig.model.calls[1].future.set_exception(broken)  # not an InferenceError
+    tasks = list(rig.renderer.in_flight)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert [stage for stage, _ in rig.failures] == ["render", "render"]
+    assert rig.failures[1][1] is broken
+    assert rig.stats.frames_dropped == {"error": 2}  # each frame once
+    assert rig.stats.frames_inferred == 0
+    # Every task's exception was retrieved: none is left for the loop to warn about.
+    assert all(task.done() for task in tasks)
 
 
 async def test_cancel_stops_every_frame_in_flight(rig: Rig) -> None:

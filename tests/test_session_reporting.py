@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from config.settings import Settings
@@ -15,7 +13,6 @@ from streaming.live.reporting import (
     SessionStats,
     av_offset_ms,
     delay_budget,
-    sends_track,
 )
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 
@@ -95,25 +92,6 @@ def test_av_offset_is_audio_time_minus_video_time() -> None:
     assert av_offset_ms(50, 25, fps=25) == 0.0  # both at 1.00 s
     assert av_offset_ms(50, 24, fps=25) == 40.0  # video's next frame is at 0.96 s
     assert av_offset_ms(49, 25, fps=25) == -20.0
-
-
-@dataclass
-class Sender:
-    track: object
-
-
-class Peer:
-    def __init__(self, *tracks: object) -> None:
-        self._senders = [Sender(t) for t in tracks]
-
-    def getSenders(self) -> list[Sender]:
-        return self._senders
-
-
-def test_sends_track_only_for_a_negotiated_track() -> None:
-    video, audio = object(), object()
-    assert sends_track(Peer(video, audio), audio)  # type: ignore[arg-type]
-    assert not sends_track(Peer(video), audio)  # type: ignore[arg-type]
 
 
 def _report(clock: Clock, wall: Clock) -> SessionReport:

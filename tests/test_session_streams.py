@@ -251,7 +251,7 @@ async def test_streamed_speech_is_spoken_told_and_interrupted(
         session = _session(client, sid)
         await ws.send_json({"type": "interrupt"})
         interrupted = await events.wait("interrupted")
-        cut_video = session.video.next_index  # every slot from here on is after the interrupt
+        cut_video = session.peer.sent().video_next  # every slot from here on is after the interrupt
         assert interrupted["utterances"] == [2]
         assert interrupted["dropped_ms"] > 500
         # The stream goes on: the next message opens utterance 3.
@@ -314,7 +314,7 @@ async def test_chunks_at_every_rate_give_the_features_of_a_whole_push(
         await ws.close()
         await reader
         assert not events.of("error")
-        a, b = whole._mixer.pushed_samples(), parts._mixer.pushed_samples()
+        a, b = whole.pipeline.mixer.pushed_samples(), parts.pipeline.mixer.pushed_samples()
         assert len(a) == len(b) > 0, rate
         np.testing.assert_array_equal(a, b)
         assert _features(a, encoder) == _features(b, encoder)

@@ -92,7 +92,7 @@ class InlineExecutor(Executor):
 
 @dataclass
 class Rig:
-    timeline: AudioTimeline
+    timeline: AudioTimeline[int]
     time: ManualTime
     mixer: AudioMixer
     buffers: SendBuffers
@@ -119,28 +119,34 @@ async def rig() -> AsyncIterator[Rig]:
         assert executor.in_job  # the renderer crops here: off the loop, in the chunk's job
         return item.index
 
-    def on_frame(step: FrameStep, item: FrameAudio, started: int | None) -> None:
-        assert step.output_index == item.index
-        assert started == item.index  # what start() returned for this frame
-        inferred.append(step)
-
-    timeline = AudioTimeline(
+    timeline: AudioTimeline[int] = AudioTimeline(
         mixer,
         AudioFeatureStream(None, kind="mel", fps=FPS),
         # No hangover and no fade: a frame is inferred exactly when it is loud.
         FrameSequencer(6, threshold_db=THRESHOLD_DB, hangover_frames=0, blend_frames=0),
         executor,
-        buffers,
         fps=FPS,
         lookahead_ms=LOOKAHEAD_MS,
         vad_threshold_db=THRESHOLD_DB,
-        start=start,
-        on_frame=on_frame,
-        on_voice=lambda: voiced.append(time.now),
+        prepare=start,
         clock=time.clock,
         sleep=time.sleep,
     )
-    task = asyncio.create_task(timeline.run(START))
+
+    async def consume() -> None:
+        """What the live pipeline does with each job's output (streaming/live/pipeline.py)."""
+        async for made in timeline.jobs(START):
+            for index, packet in enumerate(made.packets, made.first):
+                buffers.put_chunk(index, packet)
+            for frame in made.frames:
+                if frame.voiced:
+                    voiced.append(time.now)
+                if frame.step.infer:
+                    assert frame.step.output_index == frame.item.index
+                    assert frame.started == frame.item.index  # what start() returned
+                    inferred.append(frame.step)
+
+    task = asyncio.create_task(consume())
     await time.until_asleep()
     yield Rig(timeline, time, mixer, buffers, executor, inferred, voiced)
     task.cancel()

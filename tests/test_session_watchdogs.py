@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,9 +13,11 @@ from streaming.live.watchdogs import (
     AudioActivity,
     PeerSilence,
     connect_timed_out,
-    packets_received,
+    ice_failure,
     peer_silent,
+    went_idle,
 )
+from streaming.webrtc.peer import PeerState, transport_packets
 
 
 class FakeTime:
@@ -63,37 +65,49 @@ class Stat:
 
 @dataclass
 class FakePeer:
-    """What the watchdogs read of an RTCPeerConnection."""
+    """What the watchdogs read of a call's peer (``streaming.live.watchdogs.WatchedPeer``)."""
 
-    connectionState: str = "connected"  # noqa: N815 - aiortc's name
-    transports: list[Stat] = field(default_factory=lambda: [Stat("transport")])
+    state: PeerState = PeerState.CONNECTED
+    ice_connected: bool = True
+    received: int = 0
     stats_read: int = 0
 
-    async def getStats(self) -> dict[str, Stat]:
+    async def packets_received(self) -> int:
         self.stats_read += 1
-        others = [Stat("inbound-rtp", packetsReceived=10_000)]
-        return {f"s{i}": s for i, s in enumerate([*self.transports, *others])}
+        return self.received
 
     def receive(self, packets: int = 1) -> None:
-        self.transports[0].packetsReceived += packets
+        self.received += packets
 
 
 # -- ICE ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state", ["new", "connecting", "failed", "closed"])
-async def test_ice_timeout_when_not_connected_by_then(state: str) -> None:
+@pytest.mark.parametrize(
+    "state", [PeerState.NEW, PeerState.CONNECTING, PeerState.FAILED, PeerState.CLOSED]
+)
+async def test_ice_timeout_when_not_connected_by_then(state: PeerState) -> None:
     time = FakeTime()
-    peer = FakePeer(connectionState=state)
-    assert await connect_timed_out(peer, 10.0, sleep=time.sleep)  # type: ignore[arg-type]
+    peer = FakePeer(state=state)
+    assert await connect_timed_out(peer, 10.0, sleep=time.sleep)
     assert time.sleeps == [10.0]
 
 
 async def test_no_ice_timeout_once_connected() -> None:
     time = FakeTime()
-    peer = FakePeer(connectionState="connecting")
-    time.at(time.now + 9.9, lambda: setattr(peer, "connectionState", "connected"))
-    assert not await connect_timed_out(peer, 10.0, sleep=time.sleep)  # type: ignore[arg-type]
+    peer = FakePeer(state=PeerState.CONNECTING)
+    time.at(time.now + 9.9, lambda: setattr(peer, "state", PeerState.CONNECTED))
+    assert not await connect_timed_out(peer, 10.0, sleep=time.sleep)
+
+
+async def test_the_ice_watchdog_names_what_did_not_connect() -> None:
+    time = FakeTime()
+    no_path = FakePeer(state=PeerState.CONNECTING, ice_connected=False)
+    assert await ice_failure(no_path, 10.0, "s", sleep=time.sleep) == "ICE timeout"
+    no_dtls = FakePeer(state=PeerState.CONNECTING, ice_connected=True)
+    assert await ice_failure(no_dtls, 10.0, "s", sleep=time.sleep) == "DTLS handshake timed out"
+    connected = FakePeer(state=PeerState.CONNECTED)
+    assert await ice_failure(connected, 10.0, "s", sleep=time.sleep) is None
 
 
 # -- peer silence: the decision -------------------------------------------------------
@@ -131,9 +145,9 @@ def test_no_peer_silence_while_not_connected() -> None:
 # -- peer silence: the loop -----------------------------------------------------------
 
 
-async def test_packets_received_counts_only_transports() -> None:
-    peer = FakePeer(transports=[Stat("transport", 7), Stat("transport", 5)])
-    assert await packets_received(peer) == 12  # type: ignore[arg-type]
+def test_packets_received_counts_only_transports() -> None:
+    stats = [Stat("transport", 7), Stat("transport", 5), Stat("inbound-rtp", 10_000)]
+    assert transport_packets(stats) == 12
 
 
 async def test_peer_silent_returns_when_the_peer_stops_sending() -> None:
@@ -142,7 +156,7 @@ async def test_peer_silent_returns_when_the_peer_stops_sending() -> None:
     # The peer sends until t=5.5 (RTCP every 0.5 s), then vanishes.
     for k in range(1, 12):
         time.at(k * 0.5, peer.receive)
-    quiet_s = await peer_silent(peer, clock=time.clock, sleep=time.sleep)  # type: ignore[arg-type]
+    quiet_s = await peer_silent(peer, clock=time.clock, sleep=time.sleep)
     # The count last moved between the checks at t=5 and t=6: silent from t=6, for
     # PEER_SILENCE_S at t=21.
     assert quiet_s == PEER_SILENCE_S
@@ -157,14 +171,14 @@ async def test_peer_silent_never_returns_while_the_peer_sends() -> None:
     for k in range(1, 600):
         time.at(k * 1.0 - 0.1, peer.receive)
     with pytest.raises(SleptTooOftenError):
-        await peer_silent(peer, clock=time.clock, sleep=time.sleep)  # type: ignore[arg-type]
+        await peer_silent(peer, clock=time.clock, sleep=time.sleep)
 
 
 async def test_peer_silent_never_returns_before_connecting() -> None:
     time = FakeTime(now=0.0, max_sleeps=600)
-    peer = FakePeer(connectionState="connecting")  # nothing received, ICE still going
+    peer = FakePeer(state=PeerState.CONNECTING)  # nothing received, ICE still going
     with pytest.raises(SleptTooOftenError):
-        await peer_silent(peer, clock=time.clock, sleep=time.sleep)  # type: ignore[arg-type]
+        await peer_silent(peer, clock=time.clock, sleep=time.sleep)
 
 
 # -- idle -----------------------------------------------------------------------------
@@ -185,7 +199,7 @@ def test_audio_moves_the_idle_moment_on() -> None:
 async def test_idle_after_the_timeout_without_audio() -> None:
     time = FakeTime(now=100.0)
     activity = AudioActivity(clock=time.clock, sleep=time.sleep)
-    await activity.idle(10.0)
+    assert await went_idle(activity, 10.0, "s") == "idle"  # the reason the call ends with
     assert time.now == 110.0
     assert time.sleeps == [10.0]
 

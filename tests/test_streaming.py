@@ -23,7 +23,8 @@ from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from streaming.live.manager import SessionManager
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, CATCH_UP_S
+from streaming.webrtc.pacing import CATCH_UP_S
+from streaming.webrtc.tracks import AUDIO_CHUNK_S
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller
@@ -209,7 +210,9 @@ async def test_say_audio_push_and_interrupt(
         assert stopped.status == 200
         assert (await stopped.json())["dropped_ms"] > 500
         # Every slot from here on is sent after the interrupt.
-        cut_video, cut_audio = session.video.next_index, session.audio.next_index
+        sent = session.peer.sent()
+        assert sent.audio_next is not None  # the caller negotiated audio
+        cut_video, cut_audio = sent.video_next, sent.audio_next
         # Frames and packets made before the interrupt would be sent up to a session
         # delay later: watch past that.
         video_to = cut_video + 5 + round(session.delay_s * FPS) + 15

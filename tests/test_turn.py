@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import ValidationError
 
 from config.settings import Settings
-from streaming.live.manager import ice_configuration
+from streaming.webrtc.ice import ice_configuration
 from streaming.webrtc.turn import turn_credentials
 from web.app import build_app
 

@@ -28,6 +28,7 @@ lipstream_sessions_live                     gauge                   sessions
 lipstream_sessions_speaking                 gauge                   sessions
 lipstream_audio_streams_open                gauge                   sessions
 lipstream_sessions_total                    counter    event        sessions
+lipstream_sessions_ended_total              counter    reason       sessions
 lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
 lipstream_frames_dropped_total              counter    reason       sessions
@@ -93,6 +94,7 @@ from prometheus_client.registry import Collector
 from inference_core.serving.snapshot import CoreSnapshot
 from streaming.live.reporting import SENDING, STAGES, FrameSending, FrameStages
 from streaming.live.snapshot import SessionsSnapshot
+from streaming.live.tasks import end_reason_label
 from web.app_keys import CORE, METRICS, SESSIONS
 
 # The classic text format: every Prometheus version reads it.
@@ -244,6 +246,19 @@ class SnapshotCollector(Collector):
         events.add_metric(["rejected"], totals.rejected)
         events.add_metric(["failed"], totals.failed)
         yield events
+        ended = CounterMetricFamily(
+            "lipstream_sessions_ended",
+            "Sessions ended, by why: asked to, a watchdog, the connection, or a stage that "
+            "failed ('<stage> failed', docs/architecture.md §7).",
+            labels=["reason"],
+        )
+        by_reason: dict[str, int] = {}
+        for reason, count in totals.ended_by_reason.items():
+            label = end_reason_label(reason)
+            by_reason[label] = by_reason.get(label, 0) + count
+        for label, count in sorted(by_reason.items()):
+            ended.add_metric([label], count)
+        yield ended
         yield CounterMetricFamily(
             "lipstream_frames_served",
             "Video frames sent to callers (lip-synced or idle).",

@@ -61,7 +61,7 @@ async def offer(request: web.Request) -> web.Response:
     request.app[CORE].check_registered(avatar)  # 404 for an unknown avatar, whatever the SDP
     info = check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
     session = await request.app[SESSIONS].create(body.sdp, info, avatar, request.remote)
-    sdp = session.pc.localDescription.sdp
+    sdp = session.answer_sdp
     if settings.server.ice_public_address is not None:  # behind a 1:1 NAT
         sdp = with_public_address(sdp, str(settings.server.ice_public_address))
     delay = DelayBudget.of(session.delay_budget)

@@ -1,6 +1,8 @@
-"""Live calls: a :class:`Session` per caller (audio timeline, features, batched inference,
-compositing, paced sending) and the :class:`SessionManager` that creates them from
-offers, admits or refuses them, and reports on them (``docs/architecture.md`` §2, §7-§9).
+"""Live calls: a :class:`Session` per caller, the thin owner of its peer connection
+(:mod:`streaming.webrtc`), its :class:`LivePipeline` (mixer → timeline → renderer → send
+buffers) and the :class:`StageTasks` whose rule ends it; and the :class:`SessionManager`
+that creates sessions from offers, admits or refuses them, and reports on them
+(``docs/architecture.md`` §1, §2, §7-§9). Imports no aiortc: the peer is ``webrtc``'s.
 """
 
 from __future__ import annotations
@@ -8,11 +10,15 @@ from __future__ import annotations
 from streaming.live.admission import AdmissionControl
 from streaming.live.manager import SessionManager
 from streaming.live.mixer import AudioMixer
+from streaming.live.pipeline import LivePipeline
 from streaming.live.session import Session
+from streaming.live.tasks import StageTasks
 
 __all__ = [
     "AdmissionControl",
     "AudioMixer",
+    "LivePipeline",
     "Session",
     "SessionManager",
+    "StageTasks",
 ]

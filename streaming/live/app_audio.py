@@ -99,15 +99,6 @@ class AppAudio:
             stream.received_s,
         )
 
-    def played(self, queued_s: float) -> None:
-        """Queued audio is playing: ``queued_ms`` as it drains, for producers that pace
-        themselves on it (at most every 100 ms, and once the queue is empty)."""
-        self._events.publish(
-            "queued_ms",
-            queued_ms=round(queued_s * 1000, 1),
-            utterance=self._mixer.utterances.playing,
-        )
-
     def state(self) -> AppAudioState:
         """What a snapshot shows of it."""
         return AppAudioState(

@@ -15,70 +15,27 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiortc import (
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-
 from compositor.background_cache import AvatarFrames, BackgroundCache
 from config.settings import Settings
 from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
-from streaming.exceptions import OfferError, SessionLimitError, SessionNotFoundError
+from streaming.exceptions import SessionLimitError, SessionNotFoundError
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.cpu_meter import CpuMeter
-from streaming.live.data_channel import LABEL as DATA_CHANNEL_LABEL
+from streaming.live.pipeline import CallResources
 from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
-from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
-from streaming.webrtc.compat import (
-    DtlsFailure,
-    answer_as_dtls_server,
-    install_audio_receive_buffer,
-    negotiated_codecs,
-)
 from streaming.webrtc.offer_check import OfferInfo
-from streaming.webrtc.turn import turn_server
-from streaming.webrtc.video_encoder import (
-    EncoderFactory,
-    install_encoder,
-    negotiated_codec,
-    prefer_h264,
-)
+from streaming.webrtc.video_encoder import EncoderFactory
 
 logger = logging.getLogger(__name__)
 
 MAX_CACHED_AUDIO_ENCODERS = 64
-
-
-def ice_configuration(settings: Settings) -> RTCConfiguration:
-    """ICE servers from the settings; none by default (``None`` would mean Google's STUN)."""
-    servers = [
-        RTCIceServer(
-            urls=list(server.urls),
-            username=server.username,
-            credential=server.credential.get_secret_value() if server.credential else None,
-        )
-        for server in settings.server.ice_servers
-    ]
-    # A server behind NAT relays too. Its own id per connection: coturn's per-user quota
-    # and logs then tell one call's allocation from another's.
-    turn = turn_server(settings.turn, f"lipstream-server-{secrets.token_hex(6)}")
-    if turn is not None:
-        urls, username, credential = turn
-        servers.append(RTCIceServer(urls=urls, username=username, credential=credential))
-    return RTCConfiguration(iceServers=servers)
-
-
-def _unanswerable(exc: Exception) -> OfferError:
-    # aiortc raises many types on a bad SDP (docs/architecture.md §6)
-    return OfferError(f"the offer cannot be answered: {exc!r}"[:500])
+#: How long the compositing threads may take to finish their queued jobs at shutdown.
+WORKERS_STOP_S = 10.0
 
 
 @dataclass
@@ -144,7 +101,7 @@ class SessionManager:
 
     def _frames_sent(self) -> int:
         """Video frames sent since start-up, the live calls' included."""
-        return self.counters.frames_sent + sum(s.video.frames_sent for s in self._sessions.values())
+        return self.counters.frames_sent + sum(s.frames_sent for s in self._sessions.values())
 
     def snapshot(self) -> SessionsSnapshot:
         """Every live call, the totals since start-up (live calls included) and the cache."""
@@ -216,7 +173,7 @@ class SessionManager:
                 self.counters.rejected += 1
                 raise
             try:
-                session = await self._answer(model, sdp, offer, remote)
+                session = await self._open(model, sdp, offer, remote)
             except BaseException:
                 model.close()
                 self.counters.failed += 1
@@ -227,94 +184,26 @@ class SessionManager:
             self._creating -= 1
             reservation.release()
 
-    async def _answer(
+    async def _open(
         self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None
     ) -> Session:
         package = model.package
         audio_encoder = await self._audio_encoder(package.avatar_id, model)
         frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
-        pc = RTCPeerConnection(ice_configuration(self.settings))
-        session = Session(
+        shared = CallResources(
+            self.settings, self.executor, self.encoders, self.on_frame_ready, self.on_frame_sent
+        )
+        session = await Session.open(
             self.session_id_prefix + secrets.token_urlsafe(16),
-            pc,
+            sdp,
+            offer,
             model,
             frames,
             audio_encoder,
-            self.settings,
-            self.executor,
+            shared,
             remote=remote,
             on_closed=self._forget,
-            on_frame_ready=self.on_frame_ready,
-            on_frame_sent=self.on_frame_sent,
         )
-        try:
-            # Send only what the offer has a section for (aiortc cannot answer an extra one).
-            video_sender = pc.addTrack(session.video)
-            if "audio" in offer.kinds:
-                pc.addTrack(session.audio)
-            video_transceiver = next(t for t in pc.getTransceivers() if t.sender is video_sender)
-            # H.264 when the caller can decode it; otherwise aiortc negotiates VP8.
-            if offer.offers_h264:
-                prefer_h264(video_transceiver)
-
-            @pc.on("track")
-            def on_track(track: object) -> None:
-                session.add_remote_track(track)  # type: ignore[arg-type]
-
-            @pc.on("datachannel")
-            def on_datachannel(channel: RTCDataChannel) -> None:
-                if channel.label == DATA_CHANNEL_LABEL:
-                    session.serve_data_channel(channel)
-
-            dtls = DtlsFailure()
-
-            @pc.on("connectionstatechange")
-            async def on_state() -> None:
-                state = pc.connectionState
-                if state == "connected":
-                    session.state = "connected"
-                elif state == "failed" and dtls.cause is not None:
-                    logger.warning(
-                        "DTLS handshake failed: session=%s cause=%s", session.session_id, dtls.cause
-                    )
-                    await session.close(f"DTLS failed: {dtls.cause}")
-                elif state in ("failed", "closed"):
-                    await session.close(f"connection {state}")
-
-            try:
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            except Exception as exc:
-                raise _unanswerable(exc) from exc
-            answer_as_dtls_server(pc)  # a=setup:passive to actpass (docs/architecture.md §6)
-            try:
-                await pc.setLocalDescription(await pc.createAnswer())
-            except Exception as exc:
-                raise _unanswerable(exc) from exc
-            dtls.watch(pc)
-            if not pc.getTransceivers() or all(t.mid is None for t in pc.getTransceivers()):
-                raise OfferError("the offer has no audio or video section")
-            for transceiver in pc.getTransceivers():  # before media flows (§2)
-                if transceiver.kind == "audio":
-                    opus = [
-                        c.payloadType
-                        for c in negotiated_codecs(transceiver)
-                        if c.name.lower() == "opus" and c.payloadType is not None
-                    ]
-                    buffer = ArrivalOrderAudioBuffer(session.hear_caller, opus)
-                    install_audio_receive_buffer(transceiver, buffer)
-            negotiated = negotiated_codec(video_transceiver)
-            codec = negotiated.mimeType if negotiated is not None else None
-            if negotiated is not None:
-                w, h = package.manifest.frame_size
-                encoder = self.encoders.create(w, h, package.manifest.fps)
-                if install_encoder(video_sender, encoder, negotiated):
-                    session.encode_video_with(encoder)
-            session.preload_frames()
-            session.watch_connection(self.settings.session.ice_timeout_s)
-            session.watch_idle(self.settings.session.idle_timeout_s)
-        except BaseException:
-            await session.close("offer failed")
-            raise
         self._sessions[session.session_id] = session
         self._empty.clear()
         if self._cpu_sampling is None or self._cpu_sampling.done():
@@ -324,7 +213,7 @@ class SessionManager:
             session.session_id,
             package.avatar_id,
             remote,
-            codec,
+            session.peer.video_codec,
         )
         return session
 
@@ -349,7 +238,7 @@ class SessionManager:
             self._empty.set()
         c = self.counters
         c.ended += 1
-        c.frames_sent += session.video.frames_sent
+        c.frames_sent += session.frames_sent
         c.frames_inferred += session.stats.frames_inferred
         for reason, count in session.stats.frames_dropped.items():
             c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
@@ -373,11 +262,12 @@ class SessionManager:
         await self.get(session_id).close(reason)
 
     async def close_all(self) -> None:
-        """End every session (shutdown) and stop the compositing threads."""
+        """End every session (shutdown; each closes within its own bounds) and stop the
+        compositing threads (within :data:`WORKERS_STOP_S`)."""
         self._closing = True
         await asyncio.gather(*(s.close("server shutdown") for s in self.sessions))
         if self._cpu_sampling is not None:
             self._cpu_sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._cpu_sampling
-        await asyncio.to_thread(self.executor.shutdown, wait=True)
+        await asyncio.to_thread(self.executor.shutdown, wait=True, timeout_s=WORKERS_STOP_S)

@@ -87,7 +87,8 @@ class AudioMixer:
 
     ``on_marks`` gets the utterances that started or ended in each chunk made
     (:class:`~streaming.live.utterances.UtteranceLedger`); ``on_played`` the seconds of
-    pushed audio still queued as it plays (see :data:`PLAYED_EVERY_CHUNKS`).
+    pushed audio still queued as it plays (see :data:`PLAYED_EVERY_CHUNKS`), and the
+    utterance playing.
     """
 
     def __init__(
@@ -98,7 +99,7 @@ class AudioMixer:
         inbound_slack_ms: float = INBOUND_SLACK_MS,
         inbound_window_ticks: int = INBOUND_WINDOW_TICKS,
         on_marks: Callable[[list[Mark]], None] | None = None,
-        on_played: Callable[[float], None] | None = None,
+        on_played: Callable[[float, int | None], None] | None = None,
     ) -> None:
         self._inbound = _SampleQueue()
         self.utterances = UtteranceLedger()
@@ -195,6 +196,6 @@ class AudioMixer:
         if taken and self._on_played is not None:
             self._playing_chunks += 1
             if self._pushed.size == 0 or self._playing_chunks % PLAYED_EVERY_CHUNKS == 0:
-                self._on_played(self.pushed_seconds)
+                self._on_played(self.pushed_seconds, self.utterances.playing)
         np.clip(chunk, -1.0, 1.0, out=chunk)
         return chunk

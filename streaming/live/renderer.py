@@ -15,6 +15,11 @@ sent, or its features came after its inference deadline, so it was not started),
 :class:`~inference_core.exceptions.InferenceError` that stopped it (a missed deadline, a
 full queue, a core shutting down). Each frame counts once: one counted ``not_ready`` is
 not counted again when it then fails or comes too late.
+
+Any other error in a render task (the crop, the paste, a broken frame) is a fault, not
+a drop to live with: every task's exception is retrieved, counted once (``error``) and
+reported as the ``render`` stage failing, which ends the call (``docs/architecture.md``
+§7).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from streaming.frame_pipeline import FramePipeline, PreparedFrame
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
-from streaming.webrtc.tracks import SessionClock, video_frame
+from streaming.webrtc.pacing import SessionClock
+from streaming.webrtc.tracks import video_frame
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 logger = logging.getLogger(__name__)
@@ -68,13 +74,14 @@ class Started:
 
 
 class FrameRenderer:
-    """Runs one session's render tasks and is its video track's frame source.
+    """Runs one session's render tasks and gives its video track each frame.
 
     ``on_frame_ready(stages)`` is called for every composed frame kept for its slot, with
     the time from its audio being complete to it being composed, split by stage
     (:class:`~streaming.live.reporting.FrameStages`, on ``clock``, the monotonic clock the
     session clock also uses); ``on_frame_sent(sending)`` for every such frame once
-    encoded at its slot (:meth:`packet_for`).
+    encoded at its slot (:meth:`packet_for`). ``on_failure(stage, exc)`` hears of a
+    render task that failed (module doc).
     """
 
     def __init__(
@@ -89,6 +96,7 @@ class FrameRenderer:
         *,
         fps: int,
         lookahead_ms: float,
+        on_failure: Callable[[str, BaseException], None],
         on_frame_ready: Callable[[FrameStages], None] | None = None,
         on_frame_sent: Callable[[FrameSending], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -102,6 +110,7 @@ class FrameRenderer:
         self._stats = stats
         self._fps = fps
         self._lookahead_s = lookahead_ms / 1000
+        self._on_failure = on_failure
         self._on_frame_ready = on_frame_ready
         self._on_frame_sent = on_frame_sent
         self._ready_at: dict[int, float] = {}  # frames kept for their slot: when ready
@@ -114,8 +123,8 @@ class FrameRenderer:
         self._last_sent = -1
         self._ahead: _Ahead | None = None
         # The last frame the speech gate has decided on (every later one may still be
-        # submitted): the session wires the timeline's figure in.
-        self.decided: Callable[[], int] = lambda: -1
+        # submitted), as the timeline tells it (decided_until).
+        self._decided = -1
 
     @property
     def in_flight(self) -> Collection[asyncio.Future[Any]]:
@@ -123,6 +132,10 @@ class FrameRenderer:
         them when it closes)."""
         ahead = [] if self._ahead is None else [self._ahead.packet]
         return [*self._pending.values(), *ahead]
+
+    def decided_until(self, index: int) -> None:
+        """The speech gate has decided every frame up to ``index`` (to infer, or idle)."""
+        self._decided = max(self._decided, index)
 
     def start(self, step: FrameStep, item: FrameAudio) -> Started | None:
         """Off the loop, in the job that completed the frame's features: its crop and model
@@ -153,8 +166,11 @@ class FrameRenderer:
         for task in self._pending.values():
             task.cancel()
 
-    def _forget(self, index: int, _task: asyncio.Task[None]) -> None:
+    def _forget(self, index: int, task: asyncio.Task[None]) -> None:
         self._pending.pop(index, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._drop_in_flight(index, "error")
+            self._on_failure("render", exc)
         self._not_ready.discard(index)
 
     def _drop_in_flight(self, index: int, reason: str) -> None:
@@ -253,7 +269,7 @@ class FrameRenderer:
             return
         if index in self._ready_at:  # composed
             frame, ready_at = self._take(index)
-        elif index <= self.decided() and index not in self._pending:  # idle for sure
+        elif index <= self._decided and index not in self._pending:  # idle for sure
             frame, ready_at = None, None
         else:  # in flight, or the speech gate has not got to it: decide at its slot
             return

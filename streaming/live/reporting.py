@@ -17,17 +17,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection
 
 from config.settings import Settings
 from inference_core.features.stream import FeatureKind, lookahead_ms
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
-from streaming.webrtc.compat import sender_encoder
 from streaming.webrtc.tracks import AUDIO_CHUNK_S
 
 logger = logging.getLogger(__name__)
@@ -209,21 +207,6 @@ def av_offset_ms(audio_next_index: int, video_next_index: int, fps: int) -> floa
     return round((audio_s - video_s) * 1000, 1)
 
 
-def sends_track(pc: RTCPeerConnection, track: MediaStreamTrack) -> bool:
-    """Whether ``pc`` sends ``track`` (the caller negotiated it)."""
-    return any(sender.track is track for sender in pc.getSenders())
-
-
-def target_bitrate_bps(pc: RTCPeerConnection, track: MediaStreamTrack) -> int | None:
-    """The target bitrate of the encoder sending ``track``, once aiortc made it."""
-    for sender in pc.getSenders():
-        if sender.track is track:
-            encoder = sender_encoder(sender)
-            rate = getattr(encoder, "target_bitrate", None)
-            return rate if isinstance(rate, int) else None
-    return None
-
-
 class SessionReport:
     """The counters of one session and its snapshots.
 
@@ -239,6 +222,7 @@ class SessionReport:
         delay_s: float,
         lookahead_ms: float,
         fps: int,
+        stats: SessionStats | None = None,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -248,22 +232,29 @@ class SessionReport:
         self.delay_s = delay_s
         self.lookahead_ms = lookahead_ms
         self.fps = fps
-        self.stats = SessionStats()
+        self.stats = stats if stats is not None else SessionStats()
         self._clock = clock
         self._wall_clock = wall_clock
         self.created_at = wall_clock()
         self._output_rate = RecentRate()
 
     def log_end(
-        self, reason: str, *, frames_sent: int, frames_skipped: int, inbound_skipped_ms: float
+        self,
+        reason: str,
+        *,
+        frames_sent: int,
+        frames_skipped: int,
+        inbound_skipped_ms: float,
+        abandoned: Sequence[str] = (),
     ) -> None:
-        """The one log line of an ended call: its counters and its delay figures."""
+        """The one log line of an ended call: its counters, its delay figures, and the
+        tasks that had to be abandoned while it closed (none, normally)."""
         added = self.stats.added_delay()
         logger.info(
             "session ended: session=%s avatar=%s reason=%s frames_sent=%d frames_inferred=%d "
             "frames_skipped=%d dropped=%s inbound_skipped_ms=%.0f delay_ms=%.0f "
             "lookahead_ms=%.1f added_delay_p50_ms=%.1f added_delay_p95_ms=%.1f "
-            "added_delay_stages_ms=%s sending_ms=%s",
+            "added_delay_stages_ms=%s sending_ms=%s abandoned=%s",
             self.session_id,
             self.avatar_id,
             reason,
@@ -278,6 +269,7 @@ class SessionReport:
             added.p95,
             added.stages,
             added.sending,
+            list(abandoned),
         )
 
     def snapshot(

@@ -50,6 +50,11 @@ class SpeechEvents:
                 duration = round(mark.duration_ms, 1)
                 self._events.publish("speech_ended", **fields, duration_ms=duration)
 
+    def played(self, queued_s: float, utterance: int | None) -> None:
+        """Queued audio is playing: ``queued_ms`` as it drains, for producers that pace
+        themselves on it (the mixer tells at most every 100 ms, and once it is empty)."""
+        self._events.publish("queued_ms", queued_ms=round(queued_s * 1000, 1), utterance=utterance)
+
     def interrupted(self, cut: list[int], dropped_s: float) -> list[int]:
         """An interrupt dropped the queue (``cut``: utterances it held) and silenced what was
         not sent yet: publish ``interrupted`` with every utterance it cut short; return them."""

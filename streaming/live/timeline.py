@@ -3,11 +3,13 @@
 Chunk ``i`` covers timeline time ``[i·20 ms, (i+1)·20 ms)`` after the session clock's
 start and is made at the end of that interval, once the microphone has delivered it
 (``docs/architecture.md`` §2). The mixer's chunk is Opus-encoded and resampled to 16 kHz
-for the feature stream in one job on the executor, off the event loop (§7). Its packet
-waits in the :class:`~streaming.live.send_buffers.SendBuffers` for the audio track, which
-sends it a session delay later (§8); every video frame whose features it completes goes
-through the speech gate (:class:`~compositor.sequencer.FrameSequencer`), and the frames
-to infer go on to the render tasks.
+for the feature stream in one job on the executor, off the event loop (§7); every video
+frame whose features it completes goes through the speech gate
+(:class:`~compositor.sequencer.FrameSequencer`), and a frame to infer is prepared in the
+same job. What a job made goes back to the live pipeline
+(:class:`~streaming.live.pipeline.LivePipeline`), which hands the packets to the send
+buffers (the audio track sends each a session delay later, §8) and the frames to infer
+to the render tasks.
 
 Due times are absolute (:func:`chunk_due`), and every chunk already due when the
 timeline wakes is made in the same job (up to :data:`MAX_CHUNKS_PER_JOB`): a timeline
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -38,7 +40,6 @@ from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, Frame
 from streaming.audio_in.resample import MonoResampler
 from streaming.audio_rates import AUDIO_CHUNK_S, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
-from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
 from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, stamped
 
@@ -46,14 +47,26 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class _Frame(Generic[T]):
+class DecidedFrame(Generic[T]):
     """A frame whose features a job completed: its step, whether it was voiced, and
-    (for a frame to infer) what ``start`` returned."""
+    (for a frame to infer) what ``prepare`` returned for it."""
 
     item: FrameAudio
     step: FrameStep
     voiced: bool
     started: T | None
+
+
+@dataclass(frozen=True)
+class Made(Generic[T]):
+    """What one job made: the Opus packets of chunks ``first``… (silence where an
+    interrupt cut them), the frames their features completed (none when cut), and the
+    last frame the speech gate has decided (-1 while none)."""
+
+    first: int
+    packets: list[av.Packet[Any]]
+    frames: list[DecidedFrame[T]]
+    decided: int
 
 
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
@@ -70,12 +83,11 @@ class AudioTimeline(Generic[T]):
     """Makes a session's chunks from its mixer, each when it is due.
 
     Every frame the speech gate wants inferred starts in the job that completes its
-    features: ``start(step, item)`` runs there, off the loop (the renderer crops the
-    avatar frame and builds the model input, ``docs/architecture.md`` §7), and
-    ``on_frame(step, item, started)`` gets its result back on the loop. ``on_voice()`` is
-    called for every frame at or above ``vad_threshold_db`` (the caller is speaking).
-    ``clock`` and ``sleep`` pace :meth:`run` (the monotonic clock of the session clock).
-    The speech gate (``sequencer``) is stepped in the jobs only, one job at a time.
+    features: ``prepare(step, item)`` runs there, off the loop (the renderer crops the
+    avatar frame and builds the model input, ``docs/architecture.md`` §7), and the frame
+    comes back on the loop with its result (:class:`DecidedFrame`). ``clock`` and
+    ``sleep`` pace :meth:`jobs` (the monotonic clock of the session clock). The speech
+    gate (``sequencer``) is stepped in the jobs only, one job at a time.
     """
 
     def __init__(
@@ -84,14 +96,11 @@ class AudioTimeline(Generic[T]):
         features: AudioFeatureStream,
         sequencer: FrameSequencer,
         executor: Offload,
-        buffers: SendBuffers,
         *,
         fps: int,
         lookahead_ms: float,
         vad_threshold_db: float,
-        start: Callable[[FrameStep, FrameAudio], T | None],
-        on_frame: Callable[[FrameStep, FrameAudio, T | None], None],
-        on_voice: Callable[[], None],
+        prepare: Callable[[FrameStep, FrameAudio], T | None],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -99,13 +108,10 @@ class AudioTimeline(Generic[T]):
         self._features = features
         self._sequencer = sequencer
         self._executor = executor
-        self._buffers = buffers
         self._fps = fps
         self._lookahead_ms = lookahead_ms
         self._vad_threshold_db = vad_threshold_db
-        self._start = start
-        self._on_frame = on_frame
-        self._on_voice = on_voice
+        self._prepare = prepare
         self._reset_gate = False  # an interrupt asked; the next job resets the sequencer
         self._clock = clock
         self._sleep = sleep
@@ -113,7 +119,7 @@ class AudioTimeline(Generic[T]):
         self._opus = OpusChunkEncoder()
         self._chunks_made = 0
         # The last frame the speech gate stepped and handed on (to infer, or idle).
-        self.frames_decided = -1
+        self._decided = -1
         self._interrupts = 0
         self._silent_until = -1  # frames up to here were cut by an interrupt
 
@@ -122,8 +128,9 @@ class AudioTimeline(Generic[T]):
         """Chunks made so far (the next one made is this index)."""
         return self._chunks_made
 
-    async def run(self, start: float) -> None:
-        """Make every chunk when it is due, ``start`` being the session clock's start."""
+    async def jobs(self, start: float) -> AsyncIterator[Made[T]]:
+        """Make every chunk when it is due, ``start`` being the session clock's start;
+        what each job made, as it comes back on the loop."""
         while True:
             first = self._chunks_made
             wait = chunk_due(start, first) - self._clock()
@@ -137,25 +144,21 @@ class AudioTimeline(Generic[T]):
             self._chunks_made += due
             interrupts = self._interrupts
             made = await self._executor.run(self._process_chunks, self._opus, chunks, first)
-            # An interrupt while the chunks were being made silences them, and cancels
-            # the frames they started (their features may hold the dropped audio).
-            cut = interrupts != self._interrupts
-            for index, (packet, frames) in enumerate(made, first):
-                self._buffers.put_chunk(index, stamped(SILENCE, index) if cut else packet)
-                if frames:
-                    self.frames_decided = frames[-1].item.index
-            if cut:
-                continue
             for _, frames in made:
-                for frame in frames:
-                    if frame.voiced:
-                        self._on_voice()
-                    if frame.step.infer:  # else the video track shows the raw frame itself
-                        self._on_frame(frame.step, frame.item, frame.started)
+                if frames:
+                    self._decided = frames[-1].item.index
+            # An interrupt while the chunks were being made silences them, and drops
+            # the frames they started (their features may hold the dropped audio).
+            if interrupts != self._interrupts:
+                silence = [stamped(SILENCE, index) for index in range(first, first + due)]
+                yield Made(first, silence, [], self._decided)
+            else:
+                frames = [frame for _, chunk_frames in made for frame in chunk_frames]
+                yield Made(first, [packet for packet, _ in made], frames, self._decided)
 
     def _process_chunks(
         self, opus: OpusChunkEncoder, chunks: list[np.ndarray], first: int
-    ) -> list[tuple[av.Packet[Any], list[_Frame[T]]]]:
+    ) -> list[tuple[av.Packet[Any], list[DecidedFrame[T]]]]:
         """Off the loop: each chunk's Opus packet, and the frames its features complete
         (16 kHz) through the speech gate, each frame to infer started."""
         if self._reset_gate:
@@ -168,8 +171,8 @@ class AudioTimeline(Generic[T]):
             for item in self._features.push(self._to_features.push(chunk)):
                 level = item.level_db if item.index > self._silent_until else SILENCE_DB
                 step = self._sequencer.step(level)
-                started = self._start(step, item) if step.infer else None
-                frames.append(_Frame(item, step, level >= self._vad_threshold_db, started))
+                started = self._prepare(step, item) if step.infer else None
+                frames.append(DecidedFrame(item, step, level >= self._vad_threshold_db, started))
             made.append((packet, frames))
         return made
 
@@ -178,7 +181,7 @@ class AudioTimeline(Generic[T]):
         and packets made from now on come from a fresh encoder. Returns the seconds dropped
         and the utterances cut.
 
-        Packets already made are the send buffers' to silence.
+        Packets already made are the send buffers' to silence (the pipeline's interrupt).
         """
         dropped, cut = self._mixer.clear_pushed()
         frame_s = 1.0 / self._fps

@@ -1,10 +1,11 @@
 """When a call should end by itself: ICE never connected, the peer vanished, nobody spoke.
 
 Each watchdog is a decision of ``now`` (:class:`PeerSilence`, :class:`AudioActivity`) and a
-thin coroutine that drives it with a clock and a sleep and returns once the call should
-end. The session runs these coroutines as its own tasks, cancelled and awaited when it
-closes (``docs/architecture.md`` §7), and logs why and closes when one returns; nothing
-here closes anything. Tests hand in their own clock and sleep and step time by hand.
+thin coroutine that drives it with a clock and a sleep and returns the reason once the
+call should end. The session runs these coroutines as tasks of its own, and a task that
+returns a reason ends the call (``docs/architecture.md`` §7); nothing here closes
+anything. Tests hand in their own clock and sleep and step time by hand. The peer is
+read through :class:`WatchedPeer` (:class:`~streaming.webrtc.peer.Peer` is one).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from aiortc import RTCPeerConnection
+from streaming.webrtc.peer import PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -29,20 +31,34 @@ PEER_SILENCE_S = 15.0
 PEER_CHECK_S = 1.0
 
 
+class WatchedPeer(Protocol):
+    """What the watchdogs read of a call's peer connection."""
+
+    @property
+    def state(self) -> PeerState: ...
+
+    @property
+    def ice_connected(self) -> bool: ...
+
+    async def packets_received(self) -> int: ...
+
+
 async def connect_timed_out(
-    pc: RTCPeerConnection, timeout_s: float, *, sleep: Sleep = asyncio.sleep
+    peer: WatchedPeer, timeout_s: float, *, sleep: Sleep = asyncio.sleep
 ) -> bool:
-    """Wait ``timeout_s``; whether ICE had not connected by then (the session ends if so)."""
+    """Wait ``timeout_s``; whether the peer had not connected by then (the call ends if so)."""
     await sleep(timeout_s)
-    return pc.connectionState != "connected"
+    return peer.state != PeerState.CONNECTED
 
 
-async def ice_failure(pc: RTCPeerConnection, timeout_s: float, session_id: str) -> str | None:
-    """Why the session must end if it is not connected within ``timeout_s`` (None once it
+async def ice_failure(
+    peer: WatchedPeer, timeout_s: float, session_id: str, *, sleep: Sleep = asyncio.sleep
+) -> str | None:
+    """Why the call must end if it is not connected within ``timeout_s`` (None once it
     is): no ICE path at all, or ICE connected but no DTLS handshake finished."""
-    if not await connect_timed_out(pc, timeout_s):
+    if not await connect_timed_out(peer, timeout_s, sleep=sleep):
         return None
-    if pc.iceConnectionState in ("connected", "completed"):
+    if peer.ice_connected:
         # ICE found a path; then neither side started DTLS, or the peer stopped
         # answering it: a different fault from no path at all.
         logger.warning(
@@ -56,7 +72,7 @@ async def ice_failure(pc: RTCPeerConnection, timeout_s: float, session_id: str) 
         "session not connected after %.0f s: session=%s state=%s",
         timeout_s,
         session_id,
-        pc.connectionState,
+        peer.state,
     )
     return "ICE timeout"
 
@@ -83,14 +99,8 @@ class PeerSilence:
         return quiet_s if quiet_s >= self._silence_s else None
 
 
-async def packets_received(pc: RTCPeerConnection) -> int:
-    """Packets (DTLS, SRTP, SRTCP) received from the peer on its transports so far."""
-    stats = (await pc.getStats()).values()
-    return sum(getattr(s, "packetsReceived", 0) for s in stats if s.type == "transport")
-
-
 async def peer_silent(
-    pc: RTCPeerConnection,
+    peer: WatchedPeer,
     *,
     clock: Clock = time.monotonic,
     sleep: Sleep = asyncio.sleep,
@@ -105,8 +115,8 @@ async def peer_silent(
     while True:
         await sleep(check_s)
         now = clock()
-        received = await packets_received(pc)
-        quiet_s = silence.check(now, received, pc.connectionState == "connected")
+        received = await peer.packets_received()
+        quiet_s = silence.check(now, received, peer.state == PeerState.CONNECTED)
         if quiet_s is not None:
             return quiet_s
 
@@ -136,3 +146,18 @@ class AudioActivity:
         # (a deadline, not a poll: there is nothing to wait on for "no audio").
         while (left_s := self.idle_in(self._clock(), timeout_s)) > 0:
             await self._sleep(left_s)
+
+
+async def peer_gone(peer: WatchedPeer, session_id: str) -> str:
+    """Return ``"peer silent"`` once the connected peer has sent nothing for
+    :data:`PEER_SILENCE_S` (:func:`peer_silent`)."""
+    quiet_s = await peer_silent(peer)
+    logger.info("nothing from the peer for %.0f s: session=%s", quiet_s, session_id)
+    return "peer silent"
+
+
+async def went_idle(activity: AudioActivity, timeout_s: float, session_id: str) -> str:
+    """Return ``"idle"`` after ``timeout_s`` with no audio (:meth:`AudioActivity.idle`)."""
+    await activity.idle(timeout_s)
+    logger.info("session idle for %g s: session=%s", timeout_s, session_id)
+    return "idle"

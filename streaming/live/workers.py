@@ -27,6 +27,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -95,15 +96,28 @@ class MediaWorkers(concurrent.futures.Executor):
         self._queue.put((functools.partial(fn, *args, **kwargs), (), None, future))
         return future
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking jobs; the workers finish those queued, then exit."""
+    def shutdown(
+        self, wait: bool = True, *, cancel_futures: bool = False, timeout_s: float | None = None
+    ) -> None:
+        """Stop taking jobs; the workers finish those queued, then exit. With ``wait``,
+        return once they have, or once ``timeout_s`` has passed, logging the threads
+        still running then (daemon threads: they do not hold the process)."""
         if not self._closed:
             self._closed = True
             for _ in self._workers:
                 self._queue.put(None)
-        if wait:
-            for worker in self._workers:
-                worker.join()
+        if not wait:
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for worker in self._workers:
+            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        running = [worker.name for worker in self._workers if worker.is_alive()]
+        if running:
+            logger.warning(
+                "media workers still busy %.0f s after shutdown, abandoned: %s",
+                timeout_s,
+                running,
+            )
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:

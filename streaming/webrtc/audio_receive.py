@@ -49,17 +49,24 @@ class ArrivalOrderAudioBuffer:
 
     With ``decode_into``, packets whose payload type is in ``opus_payload_types`` are
     decoded here and their float32 48 kHz mono samples go to ``decode_into`` instead.
+    Anything but one bad packet that fails there (``decode_into`` raising, the decoder
+    breaking) goes to ``on_failure`` once, and the buffer drops every packet after it:
+    aiortc's receive path would only log it, and the call would go on deaf.
     """
 
     def __init__(
         self,
         decode_into: Callable[[np.ndarray], None] | None = None,
         opus_payload_types: Collection[int] = (),
+        *,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._last: int | None = None  # sequence number handed on last
         self._decode_into = decode_into
         self._opus = frozenset(opus_payload_types) if decode_into is not None else frozenset()
         self._decoder: av.AudioCodecContext | None = None
+        self._on_failure = on_failure
+        self.failed: BaseException | None = None
         self.passed = 0
         self.dropped = 0  # reordered or repeated packets
         self.decoded = 0
@@ -70,6 +77,8 @@ class ArrivalOrderAudioBuffer:
 
         The first item is aiortc's "ask for a key frame" flag: never, for audio.
         """
+        if self.failed is not None:
+            return False, None
         sequence = packet.sequence_number
         if self._last is not None:
             ahead = (sequence - self._last) % 0x10000
@@ -85,7 +94,13 @@ class ArrivalOrderAudioBuffer:
         self._last = sequence
         self.passed += 1
         if packet.payload_type in self._opus:
-            self._decode(data)
+            try:
+                self._decode(data)
+            except Exception as exc:
+                self.failed = exc
+                if self._on_failure is None:
+                    raise
+                self._on_failure(exc)
             return False, None
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
 

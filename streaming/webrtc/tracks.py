@@ -1,9 +1,9 @@
 """Outbound WebRTC tracks paced by one session clock, so lips and sound stay together.
 
 Video frame ``n`` (the face for audio time ``n/fps``) and audio chunk ``m`` (audio time
-``m·20 ms``) are both handed to aiortc at ``start + delay + their audio time``. A track
-that falls behind skips to the current slot instead of sleeping negative times, so
-lateness never turns into growing latency.
+``m·20 ms``) are both handed to aiortc at ``start + delay + their audio time``; a track
+that falls behind catches up or skips to the current slot
+(:mod:`~streaming.webrtc.pacing`), so lateness never turns into growing latency.
 
 Both tracks hand aiortc what it can send with the least work on the event loop: video
 frames wrap the composed yuv420p array without a copy, and audio chunks arrive as Opus
@@ -14,13 +14,10 @@ level sample by sample in Python).
 
 from __future__ import annotations
 
-import asyncio
 import fractions
 import logging
-import math
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import av
 import numpy as np
@@ -32,60 +29,37 @@ from aiortc.mediastreams import MediaStreamError
 from streaming.audio_rates import AUDIO_CHUNK_S as AUDIO_CHUNK_S
 from streaming.audio_rates import CHUNK_SAMPLES as CHUNK_SAMPLES
 from streaming.audio_rates import OUT_RATE as OUT_RATE
+from streaming.webrtc.pacing import SessionClock, wait_for_slot
+
+if TYPE_CHECKING:
+    from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 logger = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90_000
-# Lateness a track makes up by sending at once; beyond it, missed slots are skipped.
-CATCH_UP_S = 0.1
 #: Opus bitrate of the outgoing voice (mono, 20 ms frames): transparent for speech.
 OPUS_BITRATE = 48_000
 
 
-class SessionClock:
-    """Wall-clock schedule of a session's media: starts when the first track asks."""
-
-    def __init__(self, delay_s: float, on_start: Callable[[float], None]) -> None:
-        self.delay_s = delay_s
-        self.start: float | None = None
-        self._on_start = on_start
-
-    def started(self) -> float:
-        """The start time, starting the clock (and the session's timeline) if needed."""
-        if self.start is None:
-            self.start = time.monotonic()
-            self._on_start(self.start)
-        return self.start
-
-    def due(self, audio_time_s: float) -> float:
-        """When media for ``audio_time_s`` on the session timeline is handed to aiortc."""
-        return self.started() + self.delay_s + audio_time_s
+#: What a track does when its source fails: told the stage and the error (the session
+#: ends the call, ``docs/architecture.md`` §7).
+OnFailure = Callable[[str, BaseException], None]
 
 
-async def _wait_for_slot(clock: SessionClock, index: int, period_s: float) -> tuple[int, int]:
-    """Sleep until slot ``index`` is due; if it is long overdue, jump to the current slot.
+class VideoSource(Protocol):
+    """Where the video track takes frame ``n`` from (the session's renderer)."""
 
-    A slot up to :data:`CATCH_UP_S` late is sent at once (the following ones are then
-    early again: due times are absolute, so small stalls do not accumulate); later than
-    that, the missed slots are skipped. Returns the slot to send and how many were skipped.
-    """
-    due = clock.due(index * period_s)
-    now = time.monotonic()
-    if now < due:
-        await asyncio.sleep(due - now)
-        return index, 0
-    if now - due <= CATCH_UP_S:
-        return index, 0
-    late_slots = math.floor((now - due) / period_s)
-    if logger.isEnabledFor(logging.DEBUG):
-        late_ms = (now - due) * 1000
-        logger.debug("late by %.0f ms at slot %d: skipping %d", late_ms, index, late_slots)
-    return index + late_slots, late_slots
+    async def frame_for(self, index: int) -> np.ndarray:
+        """Frame ``index`` as a yuv420p array, for aiortc to encode."""
+        ...
 
+    async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
+        """Frame ``index`` encoded by ``encoder`` into RTP payloads."""
+        ...
 
-#: Frame ``n`` of the video: a yuv420p array, or a packet already encoded (see
-#: :meth:`~streaming.webrtc.video_encoder.LipstreamH264Encoder.encode_packet`).
-FrameSource = Callable[[int], Awaitable["np.ndarray | av.Packet[Any]"]]
+    def sent(self, index: int) -> None:
+        """Frame ``index`` was handed to aiortc."""
+        ...
 
 
 def video_frame(image: np.ndarray, index: int, fps: int) -> av.VideoFrame:
@@ -104,35 +78,32 @@ _VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK)
 
 
 class AvatarVideoTrack(MediaStreamTrack):
-    """The avatar video: frame ``n`` comes from ``source(n)``.
+    """The avatar video: frame ``n`` comes from ``source``, at its slot on ``clock``.
 
-    An array is handed to aiortc as a frame for it to encode; a packet (H.264 encoded
-    off the loop with the sender's own encoder) is handed on as is, and aiortc only
-    sends its payloads. :meth:`send_from` switches the source once the codec is known.
-    Each of ``sent_listeners`` is called with ``n`` once frame ``n`` is handed to aiortc.
+    Until :meth:`encode_with` gives it the sender's encoder, frames go to aiortc as
+    arrays for it to encode; after, each comes encoded off the loop
+    (:meth:`VideoSource.packet_for`) and aiortc only sends its payloads. A source that
+    fails is reported to ``on_failure`` as the ``encode`` stage, and the track ends.
     """
 
     kind = "video"
 
     def __init__(
-        self,
-        clock: SessionClock,
-        fps: int,
-        source: FrameSource,
-        on_sent: Callable[[int], None] | None = None,
+        self, clock: SessionClock, fps: int, source: VideoSource, on_failure: OnFailure
     ) -> None:
         super().__init__()
         self._clock = clock
         self._fps = fps
         self._source = source
-        self.sent_listeners: list[Callable[[int], None]] = [] if on_sent is None else [on_sent]
+        self._on_failure = on_failure
+        self._encoder: LipstreamH264Encoder | None = None
         self._next = 0
         self.frames_sent = 0
         self.frames_skipped = 0
 
-    def send_from(self, source: FrameSource) -> None:
-        """Take the next frames from ``source`` (before media flows)."""
-        self._source = source
+    def encode_with(self, encoder: LipstreamH264Encoder) -> None:
+        """Send frames encoded by ``encoder``, the sender's own (before media flows)."""
+        self._encoder = encoder
 
     @property
     def next_index(self) -> int:
@@ -142,13 +113,23 @@ class AvatarVideoTrack(MediaStreamTrack):
     async def recv(self) -> av.VideoFrame | av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
-        index, skipped = await _wait_for_slot(self._clock, self._next, 1.0 / self._fps)
-        self.frames_skipped += skipped
+        slot = await wait_for_slot(self._clock, self._next, 1.0 / self._fps)
+        self.frames_skipped += slot.skipped
+        index = slot.index
         self._next = index + 1
-        media = await self._source(index)
+        try:
+            if self._encoder is not None:
+                media: np.ndarray | av.Packet[Any] = await self._source.packet_for(
+                    index, self._encoder
+                )
+            else:
+                media = await self._source.frame_for(index)
+        except Exception as exc:  # aiortc's sender would only log it, and stop sending
+            self._on_failure("encode", exc)
+            self.stop()
+            raise MediaStreamError from exc
         self.frames_sent += 1
-        for listener in self.sent_listeners:
-            listener(index)
+        self._source.sent(index)
         if isinstance(media, av.Packet):
             return media  # aiortc sends a packet's payloads as they are
         return video_frame(media, index, self._fps)
@@ -215,14 +196,16 @@ SILENCE = bytes(OpusChunkEncoder().encode(np.zeros(CHUNK_SAMPLES, dtype=np.float
 
 
 class AvatarAudioTrack(MediaStreamTrack):
-    """The session's audio timeline, delayed to match the video, as 20 ms Opus packets."""
+    """The session's audio timeline, delayed to match the video, as 20 ms Opus packets
+    from ``source``; a source that fails is reported to ``on_failure`` (``audio send``)."""
 
     kind = "audio"
 
-    def __init__(self, clock: SessionClock, source: PacketSource) -> None:
+    def __init__(self, clock: SessionClock, source: PacketSource, on_failure: OnFailure) -> None:
         super().__init__()
         self._clock = clock
         self._source = source
+        self._on_failure = on_failure
         self._next = 0
         self.chunks_skipped = 0
 
@@ -234,7 +217,12 @@ class AvatarAudioTrack(MediaStreamTrack):
     async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
-        index, skipped = await _wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
-        self.chunks_skipped += skipped
-        self._next = index + 1
-        return self._source(index)
+        slot = await wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
+        self.chunks_skipped += slot.skipped
+        self._next = slot.index + 1
+        try:
+            return self._source(slot.index)
+        except Exception as exc:
+            self._on_failure("audio send", exc)
+            self.stop()
+            raise MediaStreamError from exc

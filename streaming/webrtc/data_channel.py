@@ -1,10 +1,13 @@
-"""A caller's ``lipstream`` data channel: the session's events out, ``interrupt`` in.
+"""A caller's ``lipstream`` data channel: the session's events out, its messages in.
 
 A browser that is already in the call gets the same events an app gets over a WebSocket
 or server-sent events (``docs/apps.md``) without a second connection, and can barge in
 over the path its audio already takes. aiortc's channel buffers whatever it is given, so
 a caller that stops reading (its SCTP window closed) is cut off once
 :data:`MAX_BUFFERED_BYTES` wait, rather than growing the server's memory.
+
+What the events are and what a message means are the session's
+(:class:`EventChannel`); this module only moves them over aiortc's channel.
 """
 
 from __future__ import annotations
@@ -13,12 +16,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiortc import RTCDataChannel
-
-from streaming.live.events import EventListener, error_event, message_type
 
 logger = logging.getLogger(__name__)
 
@@ -28,19 +30,34 @@ LABEL = "lipstream"
 MAX_BUFFERED_BYTES = 1 << 20
 
 
-async def serve_data_channel(
-    channel: RTCDataChannel, listener: EventListener, interrupt: Callable[[], Any]
-) -> None:
-    """Forward ``listener``'s events to ``channel`` until either ends; answer its
-    ``{"type": "interrupt"}`` messages with ``interrupt()``."""
+class EventFeed(Protocol):
+    """One reader's events (a session's :class:`~streaming.live.events.EventListener`)."""
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EventChannel:
+    """What a session puts on its callers' data channels: ``listen()`` gives a new
+    reader of its events; ``answer(message)`` acts on a message the caller sent and
+    returns an error to send back, or None."""
+
+    listen: Callable[[], EventFeed]
+    answer: Callable[[object], dict[str, Any] | None]
+
+
+async def serve_data_channel(channel: RTCDataChannel, events: EventChannel) -> None:
+    """Forward the session's events to ``channel`` until either ends; hand its messages
+    to ``events.answer``."""
+    listener = events.listen()
 
     @channel.on("message")
     def on_message(message: object) -> None:
-        if message_type(message) == "interrupt":
-            interrupt()
-        elif channel.readyState == "open":
-            what = 'the data channel takes {"type": "interrupt"} messages only'
-            channel.send(json.dumps(error_event("bad_message", what)))
+        reply = events.answer(message)
+        if reply is not None and channel.readyState == "open":
+            channel.send(json.dumps(reply))
 
     try:
         if channel.readyState == "connecting":
@@ -59,6 +76,8 @@ async def serve_data_channel(
                 return
             channel.send(json.dumps(event))
         await _flushed(channel)
+    except ConnectionError:  # the connection closed under a send: the channel's normal end
+        return
     finally:
         listener.close()
 

@@ -1,0 +1,208 @@
+"""The peer owner against a real aiortc caller in the same process.
+
+:class:`~streaming.webrtc.peer.Peer` answers the offer (H.264 preferred, the server as
+DTLS server, our encoder installed, audio only when offered), keeps the connection's
+state as a :class:`~streaming.webrtc.peer.PeerState`, reports its figures, and tells
+the call's tasks when the connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from config.settings import VideoSettings
+from streaming.exceptions import OfferError
+from streaming.webrtc.data_channel import EventChannel
+from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
+from streaming.webrtc.pacing import SessionClock
+from streaming.webrtc.peer import Peer, PeerMedia, PeerState
+from streaming.webrtc.tracks import SILENCE, stamped, video_frame
+from streaming.webrtc.video_encoder import EncoderFactory
+from tests.live_calls import TIMEOUT_S, until
+
+SIZE = (64, 48)
+
+
+@dataclass
+class Tasks:
+    """The call's tasks, as the peer sees them: what it spawned and how the call ended."""
+
+    spawned: list[tuple[str, asyncio.Task[Any]]] = field(default_factory=list)
+    failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    ends: list[str] = field(default_factory=list)
+
+    def spawn(self, stage: str, coro: Coroutine[Any, Any, str | None]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self.spawned.append((stage, task))
+        return task
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        self.failures.append((stage, exc))
+
+    def end(self, reason: str) -> None:
+        self.ends.append(reason)
+
+    async def stop(self) -> None:
+        for _, task in self.spawned:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in self.spawned), return_exceptions=True)
+
+
+class Video:
+    """A grey avatar; records the frames handed to aiortc."""
+
+    def __init__(self) -> None:
+        self.sent_indices: list[int] = []
+
+    async def frame_for(self, index: int) -> np.ndarray:
+        width, height = SIZE
+        return np.full((height * 3 // 2, width), 128, np.uint8)
+
+    async def packet_for(self, index: int, encoder: Any) -> av.Packet[Any]:
+        return encoder.encode_packet(video_frame(await self.frame_for(index), index, 25))
+
+    def sent(self, index: int) -> None:
+        self.sent_indices.append(index)
+
+
+@dataclass
+class Rig:
+    peer: Peer
+    caller: RTCPeerConnection
+    tasks: Tasks
+    heard: list[np.ndarray]
+    video: Video
+
+
+async def _offer(caller: RTCPeerConnection, *, audio: bool, h264: bool = True) -> str:
+    if audio:
+        caller.addTransceiver("audio", direction="recvonly")
+    video = caller.addTransceiver("video", direction="recvonly")
+    if not h264:
+        from aiortc import RTCRtpReceiver
+
+        codecs = RTCRtpReceiver.getCapabilities("video").codecs
+        video.setCodecPreferences([c for c in codecs if c.mimeType.lower() == "video/vp8"])
+    await caller.setLocalDescription(await caller.createOffer())
+    return str(caller.localDescription.sdp)
+
+
+async def _answer(
+    sdp: str,
+    tasks: Tasks,
+    video: Video,
+    heard: list[np.ndarray],
+    offer: OfferInfo | None = None,
+) -> Peer:
+    offer = offer or check_offer(sdp, OfferLimits())
+    media = PeerMedia(
+        clock=SessionClock(0.1),
+        fps=25,
+        frame_size=SIZE,
+        video=video,
+        audio=lambda index: stamped(SILENCE, index),
+        caller_audio=heard.append,
+    )
+    events = EventChannel(listen=_no_events, answer=lambda message: None)
+    return await Peer.answer(
+        "session-under-test",
+        sdp,
+        offer,
+        config=RTCConfiguration(iceServers=[]),
+        encoders=EncoderFactory(VideoSettings(preset="ultrafast")),
+        media=media,
+        events=events,
+        tasks=tasks,
+    )
+
+
+def _no_events() -> Any:
+    raise AssertionError("no data channel is opened in these tests")
+
+
+@contextlib.asynccontextmanager
+async def _call(*, audio: bool, h264: bool = True) -> AsyncIterator[Rig]:
+    caller = RTCPeerConnection()
+    tasks, video = Tasks(), Video()
+    heard: list[np.ndarray] = []
+    frames: list[Any] = []
+
+    @caller.on("track")
+    def on_track(track: Any) -> None:
+        async def drain() -> None:
+            with contextlib.suppress(MediaStreamError):
+                while True:
+                    frames.append(await track.recv())
+
+        tasks.spawned.append(("caller drain", asyncio.create_task(drain())))
+
+    peer = await _answer(await _offer(caller, audio=audio, h264=h264), tasks, video, heard)
+    try:
+        await caller.setRemoteDescription(RTCSessionDescription(sdp=peer.answer_sdp, type="answer"))
+        yield Rig(peer, caller, tasks, heard, video)
+    finally:
+        await caller.close()
+        await peer.close()
+        await tasks.stop()
+
+
+async def test_an_offer_with_audio_and_h264_is_answered_as_dtls_server_and_connects(
+    loopback: None,
+) -> None:
+    async with _call(audio=True) as rig:
+        assert rig.peer.video_codec is not None
+        assert rig.peer.video_codec.lower() == "video/h264"
+        assert "a=setup:passive" in rig.peer.answer_sdp
+        assert "m=audio" in rig.peer.answer_sdp
+        await until(lambda: rig.peer.state == PeerState.CONNECTED, "the call to connect")
+        assert rig.peer.ice_connected
+        await until(lambda: len(rig.video.sent_indices) >= 5, "frames to go out")
+        assert rig.peer.target_bitrate_bps is not None  # our encoder, installed
+        sent = rig.peer.sent()
+        assert sent.frames_sent >= 5
+        assert sent.audio_next is not None  # the audio track is negotiated and sending
+        assert await rig.peer.packets_received() > 0
+        assert rig.tasks.ends == []
+        assert rig.tasks.failures == []
+
+
+async def test_an_offer_without_audio_gets_no_audio_track(loopback: None) -> None:
+    async with _call(audio=False, h264=False) as rig:
+        assert "m=audio" not in rig.peer.answer_sdp
+        assert rig.peer.video_codec is not None
+        assert rig.peer.video_codec.lower() == "video/vp8"  # aiortc encodes VP8 itself
+        await until(lambda: len(rig.video.sent_indices) >= 3, "frames to go out")
+        assert rig.peer.sent().audio_next is None
+
+
+async def test_the_caller_leaving_ends_the_call(loopback: None) -> None:
+    async with _call(audio=True) as rig:
+        await until(lambda: rig.peer.state == PeerState.CONNECTED, "the call to connect")
+        await rig.caller.close()
+        # aiortc notices a peer that closed cleanly (DTLS close_notify) at once.
+        await until(lambda: rig.tasks.ends, "the peer to end the call", timeout_s=TIMEOUT_S)
+        assert rig.tasks.ends[0] in ("connection closed", "connection failed")
+
+
+async def test_an_offer_aiortc_cannot_answer_is_an_offer_error() -> None:
+    caller = RTCPeerConnection()
+    sdp = await _offer(caller, audio=True)
+    await caller.close()
+    # No video codec aiortc can send: the offer check refuses this before the peer
+    # sees it; past it, aiortc's own error must still come out as an OfferError (400).
+    broken = sdp.replace("VP8/90000", "XV1/90000").replace("H264/90000", "XV2/90000")
+    tasks = Tasks()
+    info = OfferInfo(kinds=frozenset({"audio", "video"}), offers_h264=False)
+    with pytest.raises(OfferError, match="cannot be answered"):
+        await _answer(broken, tasks, Video(), [], info)
+    assert tasks.ends == ["connection closed"]  # the half-made connection was closed
