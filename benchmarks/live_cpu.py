@@ -82,8 +82,9 @@ def _offline(frames: int, root: Path) -> dict[str, float]:
     from inference_core.serving.devices import Device, session_config
     from streaming.audio_in.decode import decode_audio
     from streaming.audio_in.resample import MonoResampler, resample_mono
+    from streaming.audio_rates import CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
     from streaming.frame_pipeline import FramePipeline
-    from streaming.webrtc.tracks import CHUNK_SAMPLES, OpusChunkEncoder, video_frame
+    from streaming.webrtc.tracks import OpusChunkEncoder, video_frame
     from streaming.webrtc.video_encoder import EncoderFactory
 
     settings = Settings.model_validate({"devices": {"kind": "cpu"}})
@@ -99,7 +100,7 @@ def _offline(frames: int, root: Path) -> dict[str, float]:
         package.lipsync_path, spec, providers=providers, options=options
     )
     encoder = AudioEncoder.from_path(package.encoder_path or Path())
-    speech = resample_mono(decode_audio(SAMPLE).pcm_16k, 16_000, 48_000)
+    speech = resample_mono(decode_audio(SAMPLE).pcm_16k, FEATURE_RATE, OUT_RATE)
     video = EncoderFactory(settings.video).create(*SIZE)
     cost: defaultdict[str, float] = defaultdict(float)
 
@@ -109,7 +110,7 @@ def _offline(frames: int, root: Path) -> dict[str, float]:
         yield
         cost[stage] += time.thread_time() - start
 
-    resampler, opus = MonoResampler(48_000, 16_000), OpusChunkEncoder()
+    resampler, opus = MonoResampler(OUT_RATE, FEATURE_RATE), OpusChunkEncoder()
     received = av.CodecContext.create("libopus", "r")  # the caller's microphone
     received.sample_rate, received.layout = 48_000, "mono"
     stream = AudioFeatureStream(encoder)

@@ -31,8 +31,8 @@ from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device
+from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.webrtc.pacing import CATCH_UP_S
-from streaming.webrtc.tracks import AUDIO_CHUNK_S
 from tests.packages import make_package
 from tests.webrtc_client import Caller
 from web.admin_auth import FORBIDDEN_MESSAGE, UNAUTHORIZED_MESSAGE, admin_denial, is_loopback

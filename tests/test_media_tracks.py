@@ -8,7 +8,8 @@ import av
 import numpy as np
 import pytest
 
-from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE, OpusChunkEncoder
+from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
+from streaming.webrtc.tracks import OpusChunkEncoder
 
 
 def sine(index: int, hz: float = 440.0) -> np.ndarray:

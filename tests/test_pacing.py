@@ -8,8 +8,9 @@ import av
 import numpy as np
 import pytest
 
+from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.webrtc.pacing import CATCH_UP_S, SessionClock, Slot, next_slot, wait_for_slot
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, AvatarAudioTrack, AvatarVideoTrack, stamped
+from streaming.webrtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamped
 
 FPS = 25
 FRAME_S = 1 / FPS

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from streaming.audio_rates import CHUNK_SAMPLES
 from streaming.live.mixer import INBOUND_SLACK_MS, INBOUND_WINDOW_TICKS, AudioMixer
-from streaming.webrtc.tracks import CHUNK_SAMPLES
 
 KEEP_MS = 20 + INBOUND_SLACK_MS  # one chunk for the tick plus the slack
 

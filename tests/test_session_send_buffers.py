@@ -7,8 +7,9 @@ from typing import Any
 import av
 import numpy as np
 
+from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES
 from streaming.live.send_buffers import STALE_SLOTS, SendBuffers
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, CHUNK_SAMPLES, SILENCE, stamped
+from streaming.webrtc.tracks import SILENCE, stamped
 
 FPS = 25
 DELAY_S = 0.5  # 25 chunks

@@ -14,10 +14,11 @@ import pytest
 
 from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.stream import AudioFeatureStream, FrameAudio, lookahead_ms
+from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.timeline import MAX_CHUNKS_PER_JOB, AudioTimeline, chunk_due
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE, SILENCE
+from streaming.webrtc.tracks import SILENCE
 
 FPS = 25
 START = 100.0

@@ -22,9 +22,9 @@ from compositor.yuv import bgr_to_i420
 from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
+from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.live.manager import SessionManager
 from streaming.webrtc.pacing import CATCH_UP_S
-from streaming.webrtc.tracks import AUDIO_CHUNK_S
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller

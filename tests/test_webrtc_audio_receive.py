@@ -16,9 +16,10 @@ from aiortc import AudioStreamTrack, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
+from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
-from streaming.webrtc.tracks import CHUNK_SAMPLES, OUT_RATE, OpusChunkEncoder
+from streaming.webrtc.tracks import OpusChunkEncoder
 
 
 def packet(sequence: int) -> RtpPacket:

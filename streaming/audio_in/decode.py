@@ -16,10 +16,7 @@ import av
 import numpy as np
 
 from streaming.audio_in.exceptions import AudioInputError
-
-# Re-exported (``as``) for the offline render, which imports it from here.
-from streaming.audio_rates import FEATURE_RATE as FEATURE_RATE
-from streaming.audio_rates import OUT_RATE
+from streaming.audio_rates import FEATURE_RATE, OUT_RATE
 
 
 @dataclass(frozen=True)

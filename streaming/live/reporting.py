@@ -25,8 +25,8 @@ import numpy as np
 
 from config.settings import Settings
 from inference_core.features.stream import FeatureKind, lookahead_ms
+from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
-from streaming.webrtc.tracks import AUDIO_CHUNK_S
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from streaming.webrtc.tracks import AUDIO_CHUNK_S, OUT_RATE
+from streaming.audio_rates import AUDIO_CHUNK_S, OUT_RATE
 
 Source = Literal["push", "say", "stream"]
 MarkKind = Literal["start", "end"]

@@ -26,7 +26,8 @@ from inference_core.adapter.lipsync import LipSyncAdapter
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import FrameAudio, lookahead_ms, offline_features
-from streaming.audio_in.decode import FEATURE_RATE, DecodedAudio, decode_audio
+from streaming.audio_in.decode import DecodedAudio, decode_audio
+from streaming.audio_rates import FEATURE_RATE
 from streaming.frame_pipeline import FramePipeline
 
 logger = logging.getLogger(__name__)

@@ -33,14 +33,14 @@ import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
 
+from streaming.audio_rates import OUT_RATE
+
 logger = logging.getLogger(__name__)
 
 #: Sequence numbers are 16 bits; a packet at most half the range behind is "older".
 _HALF_RANGE = 0x8000
 
 
-#: What the caller's Opus is decoded to: the mixer's rate, one channel.
-DECODE_RATE = 48_000
 _S16_SCALE = np.float32(1 / 32768)
 
 
@@ -107,7 +107,7 @@ class ArrivalOrderAudioBuffer:
     def _decode(self, data: bytes) -> None:
         if self._decoder is None:
             decoder = av.CodecContext.create("libopus", "r")
-            decoder.sample_rate = DECODE_RATE
+            decoder.sample_rate = OUT_RATE
             decoder.layout = "mono"
             self._decoder = decoder
         try:

@@ -43,8 +43,9 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError
 
+from streaming.audio_rates import OUT_RATE
 from streaming.exceptions import OfferError
-from streaming.webrtc.audio_receive import DECODE_RATE, ArrivalOrderAudioBuffer
+from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import (
     DtlsFailure,
     answer_as_dtls_server,
@@ -344,7 +345,7 @@ class Peer:
 
 async def _consume(track: MediaStreamTrack, into: Callable[[np.ndarray], None]) -> None:
     """Drain a received track; its audio, resampled to 48 kHz mono, goes ``into``."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=DECODE_RATE)
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=OUT_RATE)
     while True:
         try:
             frame = await track.recv()

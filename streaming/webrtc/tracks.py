@@ -24,11 +24,7 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-# Re-exported (``as``) for the modules that still import the rates from here; they live
-# in streaming.audio_rates.
-from streaming.audio_rates import AUDIO_CHUNK_S as AUDIO_CHUNK_S
-from streaming.audio_rates import CHUNK_SAMPLES as CHUNK_SAMPLES
-from streaming.audio_rates import OUT_RATE as OUT_RATE
+from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE
 from streaming.webrtc.pacing import SessionClock, wait_for_slot
 
 if TYPE_CHECKING:
