@@ -1,7 +1,7 @@
 """A/B: the same benchmarks on this tree and on an earlier commit, in alternating rounds.
 
-    .venv/bin/python -m benchmarks.ab --baseline 64a6e49 --rounds 3 --quick \\
-        --only live_cpu delay voice_agent --calls 1 2
+    .venv/bin/python -m benchmarks.ab --baseline 64a6e49 [--candidate HEAD] --rounds 3 \\
+        --quick --only live_cpu delay voice_agent --calls 1 2
 
 Shared machines drift (another job starts, the VM is moved): figures taken an hour apart
 cannot be compared. So each round runs every benchmark on both trees back to back, the
@@ -10,9 +10,11 @@ the rounds, the ratio (this tree / baseline) and the spread of the rounds: a rat
 inside the rounds' own spread is noise.
 
 Each tree runs its own benchmark code, in a child process whose working directory is
-that tree (the baseline is checked out with ``git worktree`` next to a temporary
-directory), so the baseline is measured exactly as it was. ``--calls`` replaces the
-call counts of ``live_cpu`` and ``delay`` (module constants in both trees). Not a test.
+that tree (each commit named is checked out with ``git worktree`` in a temporary
+directory), so the baseline is measured exactly as it was. ``--candidate`` measures a
+commit rather than the working tree: what others edit meanwhile cannot reach the runs.
+``--calls`` replaces the call counts of ``live_cpu`` and ``delay`` (module constants in
+both trees). Not a test.
 """
 
 from __future__ import annotations
@@ -95,9 +97,13 @@ def _run(tree: Path, name: str, quick: bool, calls: list[int], out: Path) -> Met
 
 
 @contextmanager
-def _baseline(commit: str) -> Iterator[Path]:
+def _checkout(commit: str | None) -> Iterator[Path]:
+    """A worktree of ``commit`` for the duration (None: this working tree)."""
+    if commit is None:
+        yield REPO
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "baseline"
+        tree = Path(tmp) / "tree"
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), commit],
             cwd=REPO,
@@ -115,6 +121,7 @@ def _baseline(commit: str) -> Iterator[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--baseline", required=True, help="the commit to compare against")
+    parser.add_argument("--candidate", help="the commit to measure (default: the working tree)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="+", choices=sorted(EXTRACT), default=sorted(EXTRACT))
@@ -125,8 +132,12 @@ def main() -> None:
         "baseline": defaultdict(list),
         "this tree": defaultdict(list),
     }
-    with _baseline(args.baseline) as base, tempfile.TemporaryDirectory() as tmp:
-        trees = [("baseline", base), ("this tree", REPO)]
+    with (
+        _checkout(args.baseline) as base,
+        _checkout(args.candidate) as candidate,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        trees = [("baseline", base), ("this tree", candidate)]
         for round_ in range(args.rounds):
             for label, tree in trees if round_ % 2 == 0 else trees[::-1]:
                 for name in args.only:

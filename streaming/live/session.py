@@ -232,8 +232,18 @@ class Session:
 
     async def _live(self) -> None:
         """The call's lifetime: wait for its end, then stop everything it owns, each step
-        within a bound (``docs/architecture.md`` §7)."""
+        within a bound (``docs/architecture.md`` §7). The manager hears of the end
+        whatever happens on the way."""
         reason = await self._tasks.ended()
+        try:
+            await self._tear_down(reason)
+        except Exception:  # a bug in the teardown must not keep the call listed
+            logger.exception("tearing down the session failed: session=%s", self.session_id)
+        finally:
+            if self._on_closed is not None:
+                self._on_closed(self)
+
+    async def _tear_down(self, reason: str) -> None:
         self.events.end(reason)
         await self.peer.flush_events(FLUSH_EVENTS_S)  # session_ended before the close
         abandoned = await self._tasks.stop(self.pipeline.in_flight)
@@ -247,8 +257,6 @@ class Session:
             inbound_skipped_ms=self.pipeline.mixer.inbound_skipped_ms,
             abandoned=abandoned,
         )
-        if self._on_closed is not None:
-            self._on_closed(self)
 
 
 def _start(
