@@ -47,9 +47,11 @@ async def lipstream_serve(
     *args: str,
     server: Mapping[str, object] | None = None,
     demo: bool = True,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> AsyncIterator[Server]:
     """``lipstream serve [args]`` with ``server:`` settings ``server`` (plus a free port);
-    the built-in demo avatar unless ``demo`` is false."""
+    the built-in demo avatar unless ``demo`` is false. A cluster front answers once its
+    workers reported: give it a longer ``startup_timeout_s``."""
     port = free_port()
     lines = "".join(f"  {k}: {v}\n" for k, v in {"port": port, **(server or {})}.items())
     config = tmp_path / "lipstream.yaml"
@@ -77,7 +79,7 @@ async def lipstream_serve(
     try:
         # Polled on connections of its own, so ``http`` holds none yet (connection caps).
         async with ClientSession(base_url=base_url) as probe:
-            async with asyncio.timeout(STARTUP_TIMEOUT_S):
+            async with asyncio.timeout(startup_timeout_s):
                 while not await answers(probe, "/health"):
                     assert proc.returncode is None, stderr.read_text(errors="replace")
                     await asyncio.sleep(0.2)  # polling for start-up, not synchronisation
@@ -87,6 +89,33 @@ async def lipstream_serve(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below ``pid`` (children, theirs, ...), by pid, each with the name the
+    kernel shows for it (``/proc/<pid>/comm``: at most 15 characters, so Ray's
+    ``ray::DashboardAgent`` reads ``ray::DashboardA``). Linux only."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            names[int(entry.name)] = (entry / "comm").read_text().strip()
+        except OSError:  # it ended while we looked
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found: dict[int, str] = {}
+    below = [pid]
+    while below:
+        parent = below.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                found[child] = names.get(child, "")
+                below.append(child)
+    return found
 
 
 async def answers_on_new_connection(port: int, path: str) -> bool:

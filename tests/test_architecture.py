@@ -1,7 +1,8 @@
 """The codebase keeps the shape docs/architecture.md describes.
 
-References resolve inside the repository, imports point down, every package lists its
-public surface, and long modules say why they are long.
+References resolve inside the repository, imports point down, no module imports itself
+through others, every package lists its public surface, and long modules say why they
+are long.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -146,6 +148,160 @@ def test_imports_point_down() -> None:
     assert not wrong, "imports that point up or sideways (docs/architecture.md §1):\n" + "\n".join(
         sorted(wrong)
     )
+
+
+#: Where each top-level package of the module graph lives.
+GRAPH_ROOTS = {
+    **{package: REPO for package in PACKAGES},
+    "benchmarks": REPO,
+    "lipstream_client": REPO / "clients" / "python",
+}
+
+
+def _module_graph(roots: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules it imports, read from the source (never imported).
+
+    What counts as an edge: every ``import`` statement anywhere in the file (top level,
+    inside functions, under ``if TYPE_CHECKING:``, in ``try``), relative ones resolved
+    against the importing module's package. ``import a.b.c`` is an edge to ``a.b.c``, the
+    module named, not to ``a`` and ``a.b`` whose ``__init__`` Python also runs: a package
+    re-exporting its modules would otherwise be a cycle with each of them. ``from a.b
+    import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``. Only
+    modules under ``roots`` are nodes; a module importing itself is no edge.
+    """
+    files: dict[str, tuple[Path, bool]] = {}
+    for top, base in roots.items():
+        for path in sorted((base / top).rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            files[".".join(parts)] = (path, is_package)
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in files.items():
+        package = name if is_package else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    source = ".".join([*base_parts, *([node.module] if node.module else [])])
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in files:
+                        edges.add(f"{source}.{alias.name}")
+                    elif source in files:
+                        edges.add(source)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, as paths ``[a, b, ..., a]``: for each group of modules that
+    reach one another (a strongly connected component), a shortest cycle through each of
+    its modules, each cycle once."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(start: str) -> None:  # Tarjan's algorithm, iterative
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            target = next(edges, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    cycles: list[list[str]] = []
+    seen: set[tuple[str, ...]] = set()
+    for group in groups:
+        if len(group) < 2:
+            continue
+        for start in sorted(group):
+            cycle = _shortest_cycle(graph, group, start)
+            turn = cycle.index(min(cycle[:-1]))  # one rotation per cycle
+            key = tuple(cycle[turn:-1] + cycle[:turn])
+            if key not in seen:
+                seen.add(key)
+                cycles.append(cycle)
+    return cycles
+
+
+def _shortest_cycle(graph: dict[str, set[str]], group: set[str], start: str) -> list[str]:
+    """A shortest path ``start -> ... -> start`` inside ``group`` (breadth first)."""
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for target in sorted(graph[node] & group):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if target not in came_from:
+                came_from[target] = node
+                queue.append(target)
+    raise AssertionError(f"{start} is in a cycle group but on no cycle")
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """A cycle makes import order matter and hides which module is the lower one; the
+    entry point, the app factory and the cluster once imported each other in a circle."""
+    cycles = _cycles(_module_graph(GRAPH_ROOTS))
+    assert not cycles, "import cycles between modules:\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
+def test_the_cycle_check_sees_imports_in_functions_and_under_type_checking(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from pkg.a import A\n")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..c import C\n"
+    )
+    (package / "c.py").write_text("import pkg.a\n")
+    (package / "d.py").write_text("import pkg.sub\n")  # the package, not its modules
+    graph = _module_graph({"pkg": tmp_path})
+    assert graph["pkg.a"] == {"pkg.sub.b"}  # a submodule named by from-import
+    assert graph["pkg.d"] == {"pkg.sub"}
+    assert _cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
 from streaming.live.reporting import BROWSER_EXTRA_MS_TYPICAL
-from web.app import _log_delay, build_app
+from web.app import build_app
+from web.serve import log_delay
 
 
 def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:
@@ -70,9 +71,9 @@ def test_the_start_up_log_states_both_parts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     low, high = BROWSER_EXTRA_MS_TYPICAL
-    with caplog.at_level(logging.INFO, logger="web.app"):
-        _log_delay(_settings(tmp_path, session={"pipeline_margin_ms": 80}))
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "web.app"]
+    with caplog.at_level(logging.INFO, logger="web.serve"):
+        log_delay(_settings(tmp_path, session={"pipeline_margin_ms": 80}))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "web.serve"]
     assert "server_ms=552.5" in line
     assert "pipeline_margin_ms=80.0" in line
     assert f"mic to heard {552.5 + low:.0f}-{552.5 + high:.0f} ms" in line

@@ -105,7 +105,7 @@ async def test_sigterm_drains_a_live_call_then_exits_cleanly(
         assert code == 0, log
         assert "Traceback" not in log, log
         assert "draining: 1 live sessions" in log, log
-        assert "(server.drain_timeout_s passed): closing 1 sessions" in log, log
+        assert "(server.drain_timeout_s passed): closing 1 live sessions" in log, log
         assert "reason=server shutdown" in log, log
         # The drain held the call for the whole timeout.
         assert exited_after >= DRAIN_TIMEOUT_S
@@ -134,7 +134,7 @@ async def test_drain_ends_when_the_last_call_hangs_up(tmp_path: Path, loopback: 
         log = server.log()
         assert code == 0, log
         assert "Traceback" not in log, log
-        assert "(every session ended): closing 0 sessions" in log, log
+        assert "(every session ended): closing 0 live sessions" in log, log
 
 
 async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
@@ -179,5 +179,5 @@ async def test_a_cluster_front_serves_a_call_then_drains_its_workers(
         assert code == 0, log
         assert "Traceback" not in log, log
         assert "cluster: 1 of 1 workers up" in log, log
-        assert "draining every worker" in log, log
-        assert "front stopped" in log, log
+        assert "draining: 1 live sessions on 1 workers" in log, log
+        assert "front of 1 workers stopped" in log, log

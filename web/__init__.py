@@ -6,7 +6,8 @@ The top of the import graph: it may import every other package; nothing imports 
 
 from __future__ import annotations
 
-from web.app import build_app, serve
+from web.app import build_app
 from web.cli import main
+from web.serve import serve
 
 __all__ = ["build_app", "main", "serve"]

@@ -13,7 +13,8 @@ Every route goes through :func:`web.admin_auth.admin_only`. Library errors map t
 statuses in ``web/errors.py`` (unknown model 404, malformed id 400, in use 409, no
 capacity 503 + Retry-After); a load still running after ``registry.load_timeout_s``
 answers 504 and keeps loading in the background. :func:`add_admin_routes` also adds
-``/health`` and ``/ready`` (no access rule) and installs ``app[DRAINING]``.
+``/health`` and ``/ready`` (no access rule); the drain flag they read is made with the
+app (``web.edge.edge_app``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from inference_core.importers import (
 )
 from inference_core.serving.snapshot import DeviceSnapshot, ModelSnapshot
 from web.admin_auth import admin_only
-from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS, STARTED_AT, DrainState
+from web.app_keys import CORE, SESSIONS, SETTINGS, STARTED_AT
 from web.errors import RequestError
 from web.health import health, ready
 from web.request_body import parse_body, read_limited
@@ -313,8 +314,6 @@ async def page(request: web.Request) -> web.FileResponse:
 
 def add_admin_routes(app: web.Application) -> None:
     """Add the admin routes, /health and /ready, and what they keep in ``app``."""
-    if DRAINING not in app:
-        app[DRAINING] = DrainState()
 
     async def admin_state(app: web.Application) -> AsyncIterator[None]:
         app[STARTED_AT] = time.monotonic()

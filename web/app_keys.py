@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -27,8 +28,10 @@ METRICS = web.AppKey("metrics", CollectorRegistry)
 class DrainState:
     """Whether the server is draining: set once shutdown begins, never cleared.
 
-    ``GET /ready`` answers 503 while it is set, so load balancers stop sending new
-    sessions; the shutdown path sets it with :meth:`start` (``app[DRAINING].start()``).
+    Made with the app (``web.edge.edge_app``), so every route can read it from the start.
+    ``GET /ready`` answers 503 and offers are refused while it is set, so load balancers
+    stop sending new sessions; the serve loop (``web/serve.py``) and a cluster worker's
+    drain set it with :meth:`start`.
     """
 
     draining: bool = False
@@ -37,8 +40,35 @@ class DrainState:
         self.draining = True
 
 
-# Installed by web.admin.add_admin_routes: the drain flag /ready reports, when the app
-# started (time.monotonic(), for uptime) and the probe that reads device memory totals.
+@dataclass
+class Liveness:
+    """Whether this process can still serve at all: failed once, never healthy again.
+
+    A process that cannot recover (a cluster front whose Ray runtime is gone for good,
+    ``docs/architecture.md`` §14) says why with :meth:`fail`: ``GET /health`` then answers
+    503 with that reason, and the serve loop stops and exits non-zero, so a supervisor
+    (systemd, a container runtime, Kubernetes) starts a fresh one.
+    """
+
+    failure: str | None = None
+    _failed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            self._failed.set()
+
+    async def wait(self) -> str:
+        """Return the reason once :meth:`fail` was called."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
+
+
+# Made with the app (web.edge.edge_app): the drain flag /ready reports and the process's
+# liveness /health reports. Installed by web.admin.add_admin_routes: when the app started
+# (time.monotonic(), for uptime).
 DRAINING = web.AppKey("draining", DrainState)
+LIVENESS = web.AppKey("liveness", Liveness)
 STARTED_AT = web.AppKey("started_at", float)
 OFFER_LIMITER = web.AppKey("offer_limiter", RateLimiter)

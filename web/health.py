@@ -1,12 +1,17 @@
 """Liveness and readiness for load balancers and orchestrators.
 
-    GET /health   200 {"status": "ok"}                 the process answers HTTP
+    GET /health   200 {"status": "ok"}                 the process answers HTTP and can serve
+                  503 {"error": {"code": "server_failed", "message": why}}
+                                                       it cannot, and is exiting
     GET /ready    200 {"ready": true, "avatar_root", "devices", "draining": false}
                   503 {"ready": false, "reasons": [...]}
 
 Ready means: the avatar root is a readable directory (or absent while the demo avatar
 is enabled), every device has running inference workers, and the server is not
-draining (``app[DRAINING]``, set by the shutdown path). Neither route needs admin access.
+draining (``app[DRAINING]``, set by the shutdown path). Healthy means the process has
+not given up (``app[LIVENESS]``): one that cannot recover says so here while it exits,
+so a supervisor restarts it. Neither route needs admin access; a cluster front answers
+``/health`` with this same handler.
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ from pathlib import Path
 from aiohttp import web
 
 from config.settings import AvatarsSettings
-from web.app_keys import CORE, DRAINING, SETTINGS
+from web.app_keys import CORE, DRAINING, LIVENESS, SETTINGS
+from web.errors import json_error
 from web.schemas import Health, NotReady, Ready
 
 
 async def health(request: web.Request) -> web.Response:
-    """Alive: the event loop answers."""
+    """Alive: the event loop answers and the process has not given up (module doc)."""
+    failure = request.app[LIVENESS].failure
+    if failure is not None:
+        return json_error(503, "server_failed", failure)
     return web.json_response(Health(status="ok").dump())
 
 

@@ -15,22 +15,19 @@ GET    /webrtc-config               ICE servers for the browser, and the configu
 from __future__ import annotations
 
 import asyncio
-import math
 
 import numpy as np
 from aiohttp import web
 
 from streaming.audio_in.push import AudioLimits, decode_pushed_audio
 from streaming.audio_in.tts import check_text
-from streaming.exceptions import SessionLimitError
 from streaming.live.reporting import delay_budget
 from streaming.live.session import Session
 from streaming.live.utterances import Source
-from streaming.webrtc.offer_check import OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
 from streaming.webrtc.turn import turn_server
-from web.app_keys import AVATAR_NAMES, CORE, DRAINING, OFFER_LIMITER, SESSIONS, SETTINGS, TTS
-from web.errors import RequestError
+from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, SETTINGS, TTS
+from web.offer_gate import check_offer_request
 from web.request_body import read_json, read_limited
 from web.schemas import (
     Answer,
@@ -40,7 +37,6 @@ from web.schemas import (
     HungUp,
     IceServer,
     Interrupted,
-    Offer,
     Queued,
     Say,
     SessionState,
@@ -50,36 +46,22 @@ from web.session_tokens import require_token
 
 
 async def offer(request: web.Request) -> web.Response:
-    """Answer a WebRTC offer for an avatar; the call starts once ICE connects."""
-    if request.app[DRAINING].draining:  # 503 + Retry-After (web.errors)
-        raise SessionLimitError("the server is shutting down; try again shortly")
+    """Answer a WebRTC offer for an avatar; the call starts once ICE connects.
+
+    The checks a front makes too come first (``web/offer_gate.py``), with this process's
+    own: the avatar is registered (404 for an unknown one, whatever the SDP)."""
     settings = request.app[SETTINGS]
-    refuse_if_rate_limited(request)
-    body = await read_json(request, Offer, settings.server.max_offer_bytes)
-    avatar = body.avatar_id
-    require_token(request, settings.auth, avatar)
-    request.app[CORE].check_registered(avatar)  # 404 for an unknown avatar, whatever the SDP
-    info = check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
-    session = await request.app[SESSIONS].create(body.sdp, info, avatar, request.remote)
+    checked = await check_offer_request(request, avatar_known=request.app[CORE].check_registered)
+    body = checked.body
+    session = await request.app[SESSIONS].create(
+        body.sdp, checked.info, body.avatar_id, request.remote
+    )
     sdp = session.answer_sdp
     if settings.server.ice_public_address is not None:  # behind a 1:1 NAT
         sdp = with_public_address(sdp, str(settings.server.ice_public_address))
     delay = DelayBudget.of(session.delay_budget)
     answer = Answer(sdp=sdp, type="answer", session_id=session.session_id, delay=delay)
     return web.json_response(answer.dump())
-
-
-def refuse_if_rate_limited(request: web.Request) -> None:
-    """429 + Retry-After when the caller's address sent too many offers this minute."""
-    wait = request.app[OFFER_LIMITER].retry_after(request.remote or "unknown")
-    if wait is not None:
-        limit = request.app[SETTINGS].server.offer_rate_limit_per_minute
-        raise RequestError(
-            429,
-            "rate_limited",
-            f"too many offers from this address; at most {limit} per minute",
-            retry_after=max(1, math.ceil(wait)),
-        )
 
 
 def _session(request: web.Request) -> Session:

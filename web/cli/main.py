@@ -45,11 +45,11 @@ from inference_core.importers import (
 )
 from inference_core.importers.build import build_from_video, prepare_synctalk
 from streaming.offline.render import RenderOptions, render_file
-from web.app import serve
 from web.cli.health import check_health, health_url
-from web.cluster.ray_check import ray_missing
+from web.cluster.ray_check import ClusterUnavailableError, ray_missing
 from web.errors import LIBRARY_ERRORS
 from web.log_format import configure_logging
+from web.serve import serve
 from web.session_tokens import mint_token
 
 logger = logging.getLogger("lipstream")
@@ -200,14 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LIBRARY_ERRORS as exc:
         print(f"lipstream: {exc}", file=sys.stderr)
         return 1
+    except ClusterUnavailableError as exc:  # Ray missing, or no cluster where configured
+        print(f"lipstream: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "serve":
-        serve(settings)
-        return 0
+        return serve(settings)  # 1 when the server gave up (its log says why)
     if args.command == "render":
         return _render(settings, args.avatar, args.audio, args.out, progress=not args.no_progress)
     if args.command == "avatar" and args.avatar_command == "preview":

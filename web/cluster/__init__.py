@@ -1,8 +1,10 @@
 """Many worker processes behind one HTTP front, on Ray (``docs/architecture.md`` §14).
 
 ``placement`` (where a session goes, and which worker a session id names), ``worker``
-(one lipstream server as a Ray actor), ``front`` (Ray, the workers and their reports) and
-``app`` (the front's HTTP app and ``serve_front``). Only ``front`` imports Ray.
+(one lipstream server as a Ray actor), ``runtime`` (Ray in the front's process: started,
+joined or given, and whether it is still there), ``front`` (the workers, their reports,
+and bringing the runtime back) and ``app`` (the front's HTTP app; ``web/serve.py`` serves
+it). Only ``runtime`` imports Ray, and ``worker`` asks it for its node id.
 """
 
 from web.cluster.placement import WorkerReport, WorkerState, candidates, parse_session_id

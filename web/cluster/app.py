@@ -3,29 +3,32 @@
 ``lipstream serve`` with ``cluster.workers: N`` runs this app instead of the single-process
 one (``docs/architecture.md`` §14):
 
-- ``POST /offer`` is checked here exactly as one process checks it (draining, the
-  per-address rate limit, the body cap, the JSON, the session token, the SDP) before any
-  worker is asked; then it goes to the first worker :func:`~web.cluster.placement.candidates`
-  names that accepts it. A worker that refuses for capacity (503) is skipped for the next;
-  when all refuse, the caller gets 503 + Retry-After with their reasons.
+- ``POST /offer`` is checked here by the same gate as in one process
+  (``web/offer_gate.py``: draining, the per-address rate limit, the body cap, the JSON,
+  the session token, the SDP) before any worker is asked; then it goes to the first
+  worker :func:`~web.cluster.placement.candidates` names that accepts it. A worker that
+  refuses for capacity (503) is skipped for the next; when all refuse, the caller gets
+  503 + Retry-After with their reasons.
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
   worker has that name, ``410 session_lost`` when the worker restarted since); the audio
   stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
 - ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call).
-- ``/health``, ``/ready`` (200 while at least one worker answers and the front is not
-  draining) and ``/admin/workers`` (each worker's last report) are the front's own;
+- ``/health`` (200 unless the front gave up on its Ray runtime, ``web/cluster/front.py``),
+  ``/ready`` (200 while at least one worker answers, the runtime is there and the front is
+  not draining) and ``/admin/workers`` (each worker's last report) are the front's own;
   ``/admin/sessions``, ``/admin/models``, ``/admin/stats``, model loads and unloads, and
   ``/metrics`` cover every worker (``web/cluster/aggregate.py``).
 - Anything else (the demo page, the admin page, ``/avatars``, ``/webrtc-config``) goes to
   a worker that answers.
 
 Requests are forwarded with their method, path, query, headers and body; responses come
-back with their status, JSON error body and ``Retry-After``. Media never passes here.
+back with their status, JSON error body and ``Retry-After``. Media never passes here. The
+app starts from the same edge as one process's (``web/edge.py``: guard, middlewares, drain
+flag, liveness); ``web/serve.py`` serves it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -35,24 +38,16 @@ import aiohttp
 from aiohttp import web
 
 from config.settings import Settings
-from streaming.exceptions import SessionLimitError
-from streaming.webrtc.offer_check import OfferLimits, check_offer
 from web.admin_auth import Handler, admin_denial, admin_only
-from web.app import ShutdownSignals
-from web.app_keys import DRAINING, OFFER_LIMITER, SETTINGS, DrainState
-from web.client_address import client_address_middleware
+from web.app_keys import DRAINING, LIVENESS, SETTINGS
 from web.cluster import aggregate
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
 from web.cluster.relay import relay_event_stream, relay_websocket
-from web.connection_guard import GUARD, ConnectionGuard
-from web.cors import cors_middleware
-from web.errors import RequestError, error_middleware
-from web.rate_limit import RateLimiter
-from web.request_body import parse_body, read_limited
-from web.schemas.signalling import Offer
-from web.session_tokens import require_token
-from web.signalling import refuse_if_rate_limited
+from web.edge import edge_app
+from web.errors import RequestError
+from web.health import health
+from web.offer_gate import check_offer_request
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +66,12 @@ RETRY_AFTER_S = 5
 def build_front_app(settings: Settings, *, front: ClusterFront | None = None) -> web.Application:
     """The front app; ``front`` is a :class:`ClusterFront` made beforehand (started here
     with the app, closed with it), else one is made here."""
-    guard = ConnectionGuard.for_server(settings.server)
-    app = web.Application(
-        middlewares=[
-            guard.middleware,
-            client_address_middleware(
-                settings.server.trusted_proxies, settings.server.forwarded_header
-            ),
-            cors_middleware(settings.server.cors_origins),
-            error_middleware,
-        ]
-    )
-    app[GUARD] = guard
-    app[SETTINGS] = settings
-    app[OFFER_LIMITER] = RateLimiter(settings.server.offer_rate_limit_per_minute)
-    app[DRAINING] = DrainState()
+    app = edge_app(settings)
 
     async def workers(app: web.Application) -> AsyncIterator[None]:
         app[FRONT] = front or ClusterFront(settings)
-        await app[FRONT].start()
+        # A front that cannot bring its Ray runtime back fails /health and exits non-zero.
+        await app[FRONT].start(give_up=app[LIVENESS].fail)
         timeout = aiohttp.ClientTimeout(total=settings.server.request_timeout_s)
         app[HTTP] = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         yield
@@ -128,16 +110,9 @@ def _view(view: aggregate.View) -> Handler:
 
 async def offer(request: web.Request) -> web.Response:
     """Check the offer here, then ask the best workers in turn (module doc)."""
-    if request.app[DRAINING].draining:
-        raise SessionLimitError("the server is shutting down; try again shortly")
-    settings = request.app[SETTINGS]
-    refuse_if_rate_limited(request)
-    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
-    body = parse_body(Offer, raw)
-    require_token(request, settings.auth, body.avatar_id)
-    check_offer(body.sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
+    checked = await check_offer_request(request)
     front = request.app[FRONT]
-    tried = candidates(body.avatar_id, list(front.workers.values()))
+    tried = candidates(checked.body.avatar_id, list(front.workers.values()))
     if not tried:
         up = sum(w.usable for w in front.workers.values())
         raise RequestError(
@@ -150,7 +125,7 @@ async def offer(request: web.Request) -> web.Response:
     refusals = []
     for worker in tried:
         try:
-            response = await _forward(request, worker, raw)
+            response = await _forward(request, worker, checked.raw)
         except RequestError as exc:  # it did not answer: the next one may
             refusals.append(f"{worker.name}: {exc}")
             continue
@@ -219,16 +194,15 @@ async def to_any(request: web.Request) -> web.StreamResponse:
     return await _forward(request, answering[0], request.content, admin=admin)
 
 
-async def health(request: web.Request) -> web.Response:
-    """Alive: the front's event loop answers."""
-    return web.json_response({"status": "ok"})
-
-
 async def ready(request: web.Request) -> web.Response:
-    """200 while at least one worker answers and the front is not draining; else 503."""
-    workers = request.app[FRONT].workers.values()
+    """200 while at least one worker answers, the Ray runtime is there and the front is not
+    draining; else 503 with every reason."""
+    front = request.app[FRONT]
+    workers = front.workers.values()
     up = sum(w.usable for w in workers)
     reasons = []
+    if front.problem is not None:  # the runtime died: being restarted, reconnected to, or lost
+        reasons.append(front.problem)
     if up == 0:
         reasons.append(f"none of the {len(workers)} workers is answering")
     if request.app[DRAINING].draining:
@@ -315,40 +289,3 @@ def _message(response: web.Response) -> str:
         return str(json.loads(response.body)["error"]["message"])  # type: ignore[arg-type]
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status}"
-
-
-def serve_front(settings: Settings) -> None:
-    """Run the front and its workers until SIGTERM/SIGINT, then drain every worker."""
-    front = ClusterFront(settings)
-    front.connect()
-    asyncio.run(_serve_front(settings, front))
-
-
-async def _serve_front(settings: Settings, front: ClusterFront) -> None:
-    server = settings.server
-    app = build_front_app(settings, front=front)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
-    with ShutdownSignals(asyncio.get_running_loop()) as signals:
-        await runner.setup()
-        try:
-            # The same head timeout and per-address cap as one process (web/connection_guard.py).
-            listener = await app[GUARD].listen(runner, server.host, server.port)
-            logger.info(
-                "front serving on http://%s:%d with %d workers",
-                server.host,
-                server.port,
-                settings.cluster.workers,
-            )
-            await signals.wait()
-            app[DRAINING].start()
-            logger.info("draining every worker for up to %.0f s", server.drain_timeout_s)
-            drained = asyncio.create_task(app[FRONT].drain(server.drain_timeout_s))
-            again = asyncio.create_task(signals.wait())
-            await asyncio.wait({drained, again}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (drained, again):
-                task.cancel()
-            await asyncio.gather(drained, again, return_exceptions=True)
-            listener.close()  # no new connections; the open ones are closed next
-        finally:
-            await runner.cleanup()
-    logger.info("front stopped")

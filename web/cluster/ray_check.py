@@ -10,6 +10,11 @@ INSTALL_HINT = (
 )
 
 
+class ClusterUnavailableError(RuntimeError):
+    """A cluster was configured but cannot be started or reached (Ray missing, no cluster
+    there); the message says what to check."""
+
+
 def ray_missing() -> str | None:
     """What to do when Ray is not installed, or None when it is."""
     try:

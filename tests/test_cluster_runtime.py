@@ -1,0 +1,129 @@
+"""``lipstream serve --workers 2`` whose local Ray runtime is killed under it.
+
+The front started the runtime; the raylet (or the dashboard agent the raylet fate-shares
+with) is killed by the name Ray gives its process, which takes the workers down with it.
+The front must then bring the runtime and its workers back, or exit non-zero so that a
+supervisor does; what it must never do is answer ``/health`` 200 for good with nothing
+to serve (``docs/architecture.md`` §14, docs/deployment.md "What happens when things
+fail"). The front's policy on numbers is ``tests/test_cluster_recovery.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import ClientError, ClientSession
+
+from tests.live_calls import TIMEOUT_S, until
+from tests.server_process import Server, descendants, lipstream_serve
+from tests.webrtc_client import Caller
+
+logger = logging.getLogger(__name__)
+
+pytestmark = pytest.mark.slow
+
+#: Two workers start on a 2-core machine, each loading its inference core.
+STARTUP_TIMEOUT_S = 180.0
+#: Death seen (a killed raylet misses its health checks for about 15 s), Ray started
+#: again, two workers started again: generous, for a loaded machine.
+RECOVERY_TIMEOUT_S = 300.0
+
+
+async def _worker_pids(http: ClientSession) -> set[int]:
+    """The process ids of the workers that answer (the admin API: loopback needs no token)."""
+    async with http.get("/admin/workers") as response:
+        workers = (await response.json())["workers"]
+    return {w["report"]["pid"] for w in workers if w["answering"] and w["report"]}
+
+
+async def _two_workers_ready(http: ClientSession) -> bool:
+    try:
+        async with http.get("/ready") as response:
+            body = await response.json()
+            return response.status == 200 and body["workers"] == {"up": 2, "total": 2}
+    except ClientError:
+        return False
+
+
+def _back_or_gone(server: Server, lost: set[int]) -> Callable[[], object]:
+    """'exited' once the process ended; 'recovered' once both workers answer from new
+    processes (none of ``lost``) and the front is ready; else None."""
+
+    async def state() -> str | None:
+        if server.proc.returncode is not None:
+            return "exited"
+        try:
+            if not await _two_workers_ready(server.http):
+                return None
+            pids = await _worker_pids(server.http)
+        except ClientError:
+            return None
+        return "recovered" if len(pids) == 2 and not pids & lost else None
+
+    return state
+
+
+@pytest.mark.parametrize("victim", ["raylet", "ray::DashboardA"])
+async def test_a_front_whose_ray_runtime_is_killed_recovers_or_exits_non_zero(
+    tmp_path: Path, loopback: None, victim: str, record_property: Callable[[str, object], None]
+) -> None:
+    settings = {"ice_loopback_only": "true", "drain_timeout_s": 5}
+    async with lipstream_serve(
+        tmp_path, "--workers", "2", server=settings, startup_timeout_s=STARTUP_TIMEOUT_S
+    ) as server:
+        http = server.http
+        await until(lambda: _two_workers_ready(http), "both workers to report", timeout_s=TIMEOUT_S)
+        lost = await _worker_pids(http)
+        caller = Caller(http)
+        caller.keep_luma = False
+        await caller.connect()
+        try:
+            await caller.wait_for_frames(5)
+            # The front's own runtime: the raylet is its child, the agent the raylet's.
+            ray = descendants(server.proc.pid)
+            (target,) = [pid for pid, name in ray.items() if name == victim]
+            assert lost <= set(ray), (lost, ray)  # the workers run under that raylet
+            os.kill(target, signal.SIGKILL)
+            killed_at = time.monotonic()
+            outcome = await until(
+                _back_or_gone(server, lost),
+                "the front to bring its workers back or to exit",
+                timeout_s=RECOVERY_TIMEOUT_S,
+                poll_s=0.5,
+            )
+            took_s = time.monotonic() - killed_at
+        finally:
+            await caller.close()
+        record_property("outcome", outcome)
+        record_property("took_s", round(took_s, 1))
+        logger.info("killed %s: %s after %.1f s", victim, outcome, took_s)
+        if outcome == "exited":  # allowed: a supervisor restarts it
+            assert server.proc.returncode != 0, server.log()
+            assert "giving up" in server.log(), server.log()
+            return
+
+        assert "is back after" in server.log(), server.log()
+        # The call on a dead worker ended with it: its id names the old incarnation.
+        async with http.get(f"/sessions/{caller.session_id}") as gone:
+            assert gone.status == 410, await gone.text()
+            assert (await gone.json())["error"]["code"] == "session_lost"
+        # The workers of the new runtime take a new call.
+        again = Caller(http)
+        again.keep_luma = False
+        await again.connect()
+        try:
+            await again.wait_for_frames(10)
+        finally:
+            await again.hang_up()
+        # And the new runtime stops as the first would: drained, then exit 0.
+        server.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(TIMEOUT_S):
+            code = await server.proc.wait()
+        assert code == 0, server.log()

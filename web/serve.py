@@ -1,0 +1,234 @@
+"""``lipstream serve``: the process entry, from listening to exit, for one process or a front.
+
+One serve loop runs both kinds of server (``docs/architecture.md`` §12, §14): open the
+guarded listener, wait for SIGTERM or SIGINT (or for the app to give up, ``app[LIVENESS]``),
+drain, close the listener, then let ``cleanup_ctx`` stop what the app started. What
+differs is the :class:`Drain`: one process waits for its own sessions to end, a front for
+every worker's. The app factories (``web/app.py``, ``web/cluster/app.py``) know nothing of
+this module, so a cluster worker, which runs the single-process app inside a Ray actor,
+imports no process entry and no signal handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from config.settings import ServerSettings, Settings
+from streaming.live.reporting import delay_budget
+from streaming.webrtc.compat import loopback_only_ice
+from web.app import build_app
+from web.app_keys import DRAINING, LIVENESS, SESSIONS
+from web.cluster.app import FRONT, build_front_app
+from web.cluster.front import ClusterFront
+from web.connection_guard import GUARD
+from web.open_files import raise_open_file_limit
+
+logger = logging.getLogger(__name__)
+
+#: The exit status of a server that gave up (``app[LIVENESS]``): a supervisor restarts it.
+EXIT_FAILED = 1
+
+
+@dataclass(frozen=True)
+class Drain:
+    """How one kind of server drains. ``wait`` returns True once everything it serves has
+    ended (False when it stopped waiting with calls still live); the serve loop bounds it
+    by ``server.drain_timeout_s`` and a second signal. ``live`` says what is still being
+    served, for the log."""
+
+    wait: Callable[[web.Application, float], Coroutine[Any, Any, bool]]
+    live: Callable[[web.Application], str]
+
+
+async def _sessions_ended(app: web.Application, timeout_s: float) -> bool:
+    await app[SESSIONS].wait_until_empty()
+    return True
+
+
+async def _workers_drained(app: web.Application, timeout_s: float) -> bool:
+    return await app[FRONT].drain(timeout_s) == 0
+
+
+def _live_sessions(app: web.Application) -> str:
+    return f"{app[SESSIONS].live_count} live sessions"
+
+
+def _live_on_workers(app: web.Application) -> str:
+    workers = app[FRONT].workers.values()
+    live = sum(w.report.live_sessions for w in workers if w.report is not None)
+    return f"{live} live sessions on {len(workers)} workers"
+
+
+ONE_PROCESS = Drain(wait=_sessions_ended, live=_live_sessions)
+FRONT_OF_WORKERS = Drain(wait=_workers_drained, live=_live_on_workers)
+
+
+def serve(settings: Settings) -> int:
+    """Run the server until SIGTERM or SIGINT, then drain and stop; return the exit status.
+
+    The first signal turns ``/ready`` to 503 and new offers away (503 + Retry-After);
+    live sessions run on until they end or ``server.drain_timeout_s`` passes (a second
+    signal cuts that short). Then the listener closes and ``cleanup_ctx`` closes the
+    remaining sessions and stops the inference core (or the workers). A server that gives
+    up (a front whose Ray runtime cannot be brought back) stops at once and returns
+    :data:`EXIT_FAILED`.
+    """
+    raise_open_file_limit()
+    if settings.cluster.workers:
+        front = ClusterFront(settings)
+        front.connect()  # Ray, before the loop runs (web/cluster/front.py)
+        return asyncio.run(_serve_front(settings, front))
+    loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
+    with loopback:
+        return asyncio.run(_serve_one(settings))
+
+
+async def _serve_one(settings: Settings) -> int:
+    log_delay(settings)
+    return await run_server(build_app(settings), settings.server, ONE_PROCESS, name="server")
+
+
+async def _serve_front(settings: Settings, front: ClusterFront) -> int:
+    app = build_front_app(settings, front=front)
+    name = f"front of {settings.cluster.workers} workers"
+    return await run_server(app, settings.server, FRONT_OF_WORKERS, name=name)
+
+
+async def run_server(
+    app: web.Application, server: ServerSettings, drain: Drain, *, name: str
+) -> int:
+    """Serve ``app`` on ``server.host:port`` until a signal (then drain) or until the app
+    gives up; return the exit status (module doc)."""
+    # Requests still running once the drain is over may take their own limit to finish.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
+    # Handlers go in before start-up, so a signal during it still ends in a clean exit.
+    with ShutdownSignals(asyncio.get_running_loop()) as signals:
+        await runner.setup()
+        try:
+            # aiohttp's protocols, wrapped by the connection guard (head timeout, cap).
+            listener = await app[GUARD].listen(runner, server.host, server.port)
+            logger.info("%s serving on http://%s:%d", name, server.host, server.port)
+            failure = await _until_stopped(signals, app)
+            if failure is None:
+                await _drain(app, drain, server.drain_timeout_s, signals)
+            else:
+                app[DRAINING].start()
+                logger.error(
+                    "%s stopping: %s; exiting with status %d so that a supervisor starts it again",
+                    name,
+                    failure,
+                    EXIT_FAILED,
+                )
+            listener.close()  # no new connections; the open ones are closed next
+        finally:
+            await runner.cleanup()
+    logger.info("%s stopped", name)
+    return 0 if app[LIVENESS].failure is None else EXIT_FAILED
+
+
+async def _until_stopped(signals: ShutdownSignals, app: web.Application) -> str | None:
+    """Wait for a signal (None) or for the app to give up (its reason)."""
+    signalled = asyncio.create_task(signals.wait(), name="serve-signal")
+    failed = asyncio.create_task(app[LIVENESS].wait(), name="serve-failure")
+    try:
+        await asyncio.wait({signalled, failed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (signalled, failed):
+            task.cancel()
+        await asyncio.gather(signalled, failed, return_exceptions=True)
+    return app[LIVENESS].failure
+
+
+async def _drain(
+    app: web.Application, drain: Drain, timeout_s: float, signals: ShutdownSignals
+) -> None:
+    """Refuse new sessions and wait for the live ones to end (or the timeout, or a signal)."""
+    app[DRAINING].start()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    logger.info(
+        "draining: %s; new offers get 503; waiting up to %.0f s for them to end",
+        drain.live(app),
+        timeout_s,
+    )
+    ended = asyncio.create_task(drain.wait(app, timeout_s), name="drain-ended")
+    again = asyncio.create_task(signals.wait(), name="drain-second-signal")
+    try:
+        await asyncio.wait({ended, again}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (ended, again):
+            task.cancel()
+        await asyncio.gather(ended, again, return_exceptions=True)
+    if ended.done() and not ended.cancelled() and ended.exception() is None and ended.result():
+        why = "every session ended"
+    elif again.done() and not again.cancelled():
+        why = "a second signal"
+    else:
+        why = "server.drain_timeout_s passed"
+    logger.info(
+        "drain over after %.1f s (%s): closing %s and stopping",
+        loop.time() - started,
+        why,
+        drain.live(app),
+    )
+
+
+def log_delay(settings: Settings) -> None:
+    """State the delay a caller hears: what the server adds, and what a browser adds on top.
+
+    The configured figure alone reads as mic → heard, which it is not: it starts once the
+    audio is on the session's timeline (``docs/architecture.md`` §8).
+    """
+    budget = delay_budget(settings)
+    low, high = budget.browser_extra_ms
+    logger.info(
+        "delay: the server adds server_ms=%.1f (lookahead_ms=%.1f + tick_ms=%.0f + "
+        "pipeline_margin_ms=%.1f, for a 25 fps avatar with unet_328's audio features; each "
+        "session logs its own); a browser caller typically measures mic to heard %.0f-%.0f ms: "
+        "its capture, jitter buffer and decoder and the server's inbound slack add %.0f-%.0f ms "
+        "(headless Chromium on loopback, docs/benchmarks.md §7)",
+        budget.server_ms,
+        budget.lookahead_ms,
+        budget.tick_ms,
+        budget.margin_ms,
+        budget.server_ms + low,
+        budget.server_ms + high,
+        low,
+        high,
+    )
+
+
+class ShutdownSignals:
+    """SIGTERM and SIGINT as something to await, installed on the loop while in use."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._received = asyncio.Event()
+
+    def __enter__(self) -> ShutdownSignals:
+        for sig in self.SIGNALS:
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig in self.SIGNALS:
+            self._loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        logger.info("received %s", sig.name)
+        self._received.set()
+
+    async def wait(self) -> None:
+        """Return at the next signal (or at once for one not yet waited for)."""
+        await self._received.wait()
+        self._received.clear()
