@@ -7,10 +7,9 @@ exits non-zero once the front gives up (``docs/architecture.md`` §14). The real
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
+from tests.fake_ray import FakeRuntime
 from tests.live_calls import until
 from tests.server_process import free_port
 from web.app_keys import LIVENESS
 from web.cluster.app import build_front_app
 from web.cluster.front import ClusterFront, Recovery
-from web.cluster.placement import WorkerReport
-from web.cluster.runtime import ProbeTimeoutError, RuntimeMode
+from web.cluster.runtime import RuntimeMode
 from web.edge import edge_app
 from web.serve import EXIT_FAILED, Drain, run_server
 
@@ -37,94 +36,6 @@ QUICK = Recovery(
     backoff_first_s=0.01,
     backoff_max_s=0.04,
 )
-
-
-class _Method:
-    def __init__(self, call: Callable[..., Coroutine[Any, Any, Any]]) -> None:
-        self._call = call
-
-    def remote(self, *args: Any) -> Coroutine[Any, Any, Any]:
-        return self._call(*args)
-
-
-class FakeWorker:
-    """A worker actor of one incarnation: it answers while its runtime lives."""
-
-    def __init__(self, runtime: FakeRuntime, name: str) -> None:
-        self.incarnation = runtime.incarnation
-        self.report = _Method(lambda: runtime.report(self, name))
-        self.drain = _Method(runtime.drain)
-        self.stop = _Method(runtime.stop)
-
-
-@dataclass
-class FakeRuntime:
-    """A Ray runtime on numbers: it dies, times out and comes back when told."""
-
-    mode: RuntimeMode
-    where: str = "the fake runtime"
-    dead: str | None = None
-    gcs_gone: bool = False
-    failing_reconnects: int = 0
-    reconnects: int = 0
-    incarnation: int = 0
-    killed: int = 0
-    closed: bool = False
-    # Set: a reconnect waits for it, so a test sees the front while it restarts.
-    hold: asyncio.Event | None = None
-    ids: itertools.count[int] = field(default_factory=itertools.count)
-
-    def connect_now(self) -> None:
-        pass
-
-    async def connect(self) -> None:
-        pass
-
-    async def reconnect(self, timeout_s: float) -> None:
-        self.reconnects += 1
-        if self.hold is not None:
-            await self.hold.wait()
-        if self.failing_reconnects:
-            self.failing_reconnects -= 1
-            raise ConnectionError("nothing listens there yet")
-        self.dead = None
-        self.incarnation += 1
-
-    async def probe(self, timeout_s: float) -> str | None:
-        if self.gcs_gone:
-            raise ProbeTimeoutError(f"the Ray GCS did not answer within {timeout_s:.0f} s")
-        return self.dead
-
-    async def worker(self, name: str, settings: Settings, timeout_s: float) -> tuple[Any, bool]:
-        return FakeWorker(self, name), True
-
-    async def kill(self, actor: Any, timeout_s: float) -> None:
-        self.killed += 1
-
-    async def close(self, timeout_s: float) -> None:
-        self.closed = True
-
-    async def report(self, worker: FakeWorker, name: str) -> WorkerReport:
-        if self.dead is not None or worker.incarnation != self.incarnation:
-            raise ConnectionError("the actor died with its node")
-        return WorkerReport(
-            name=name,
-            incarnation=f"i{self.incarnation}",
-            url=f"http://127.0.0.1:1/{name}",
-            node="127.0.0.1",
-            node_id="n",
-            pid=next(self.ids),
-            models=frozenset(),
-            live_sessions=1,
-            room_places=3,
-            room_share=0.5,
-        )
-
-    async def drain(self, timeout_s: float) -> int:
-        return 0
-
-    async def stop(self) -> None:
-        pass
 
 
 def _settings() -> Settings:
@@ -177,6 +88,17 @@ async def test_a_runtime_the_front_started_is_restarted_with_its_workers(
     finally:
         await front.close()
     assert runtime.closed
+
+
+async def test_a_probe_that_fails_counts_as_a_dead_runtime() -> None:
+    started = await _front(RuntimeMode.STARTED)
+    try:
+        started.runtime.probe_error = RuntimeError("GCS client disconnected")
+        await until(lambda: started.runtime.reconnects == 1, "the front to restart Ray")
+        await until(lambda: _all_back(started.front, "i1"), "the workers of the new runtime")
+        assert started.given_up == []
+    finally:
+        await started.front.close()
 
 
 async def test_a_started_runtime_that_will_not_come_back_makes_the_front_give_up() -> None:

@@ -188,7 +188,15 @@ class ClusterFront:
             await self.refresh()
 
     async def _watch_runtime(self) -> None:
-        """Probe this front's Ray node; bring the runtime back when it died (module doc)."""
+        """Probe this front's Ray node; bring the runtime back when it died (module doc).
+        Without this task the front would not know, so if it fails the front gives up."""
+        try:
+            await self._watch_runtime_forever()
+        except Exception as exc:  # cancellation is the normal end; anything else is a bug
+            logger.exception("cluster: the watch of the Ray runtime failed")
+            self._fail(f"the watch of {self._runtime.where} failed: {type(exc).__name__}: {exc}")
+
+    async def _watch_runtime_forever(self) -> None:
         recovery = self._recovery
         while True:
             await asyncio.sleep(recovery.probe_interval_s)
@@ -200,6 +208,8 @@ class ClusterFront:
                     return
                 self._set_problem(f"{exc}; waiting for it")  # the probe goes on waiting
                 continue
+            except Exception as exc:  # Ray's own errors: the GCS could not tell
+                dead = f"asking the Ray GCS failed: {type(exc).__name__}: {str(exc)[:200]}"
             if dead is None:
                 if self.problem is not None:
                     logger.info("cluster: %s answers again", self._runtime.where)

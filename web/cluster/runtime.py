@@ -172,6 +172,8 @@ class RayRuntime:
                 logger.warning(
                     "cluster: Ray did not shut down within %.0f s; leaving it", timeout_s
                 )
+            except Exception as exc:  # a runtime half gone: what is left ends with us
+                logger.warning("cluster: Ray's shutdown failed: %r", exc)
         self._thread.stop()
 
     async def _call(self, fn: Callable[[], T], timeout_s: float | None) -> T:

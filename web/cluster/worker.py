@@ -12,7 +12,7 @@ same loop the aiohttp server and aiortc use. The server starts on the first call
 re-runs ``__init__`` when it restarts a dead worker, and ``__init__`` cannot await), and
 each start is a new incarnation: session ids made before a restart name the old one, and
 the front answers them ``410 session_lost``. Nothing here imports Ray: the front wraps
-the class with ``ray.remote`` (``web/cluster/front.py``); only the node id in a report asks
+the class with ``ray.remote`` (``web/cluster/runtime.py``); only the node id in a report asks
 Ray, when it runs the worker.
 """
 
