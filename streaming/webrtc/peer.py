@@ -206,7 +206,12 @@ class Peer:
             prefer_h264(video)
         pc.on("track", lambda track: self._receive(track, media.caller_audio))
         pc.on("datachannel", lambda channel: self._serve_events(channel, events))
-        pc.on("connectionstatechange", self._state_changed)
+        # A step later: a failed DTLS transport tells its own listeners (DtlsFailure, which
+        # finds the cause) after aiortc's, which is what changes the connection's state.
+        pc.on(
+            "connectionstatechange",
+            lambda: asyncio.get_running_loop().call_soon(self._state_changed),
+        )
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as exc:
