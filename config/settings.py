@@ -191,7 +191,7 @@ class ServerSettings(_Section):
     # self-hosted server must not contact unless asked to.
     ice_servers: list[IceServer] = Field(default_factory=list)
     # Gather only 127.0.0.1 host candidates (aioice skips loopback addresses): for
-    # loopback-only sandboxes and same-machine tests. Applied by ``web.app.serve``.
+    # loopback-only sandboxes and same-machine tests. Applied by ``web.serve.serve``.
     ice_loopback_only: bool = False
     # The address callers reach this machine at through a 1:1 NAT (same ports): every
     # host candidate of an answer gets a twin there (streaming.webrtc.public_address).
