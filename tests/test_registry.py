@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import shutil
 import threading
 import tracemalloc
@@ -680,3 +681,29 @@ async def test_close_during_a_load_leaves_no_thread(make_registry: MakeRegistry)
     assert registry.entry("a").model is None
     assert registry.entry("a").state == "registered"
     assert not any(t.name.startswith("lipstream-load") for t in threading.enumerate())
+
+
+async def test_close_abandons_a_load_past_its_bound_and_names_it(
+    make_registry: MakeRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    opening, release = threading.Event(), threading.Event()
+
+    def stuck_open(graph: ServingGraph, device: Device) -> ort.InferenceSession:
+        opening.set()
+        release.wait(30)  # a load that takes longer than shutdown may (a TensorRT build)
+        return open_session(graph.serialized())
+
+    registry = make_registry(session_factory=stuck_open)
+    loading = asyncio.ensure_future(registry.acquire("a"))
+    assert await asyncio.to_thread(opening.wait, 10), "the load never reached its thread"
+    try:
+        with caplog.at_level(logging.WARNING, logger="inference_core.serving"):
+            # Returns within its bound although the load's thread is still busy.
+            await asyncio.wait_for(registry.close(timeout_s=0.2), 10)
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(loading, 10)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("abandoned" in w and "model loads" in w for w in warnings), warnings
+        assert registry.entry("a").state == "registered"
+    finally:
+        release.set()

@@ -210,7 +210,7 @@ class InferenceCore:
         await asyncio.gather(
             *(loop.run_in_executor(None, s.stop, timeout_s) for s in self.schedulers)
         )
-        await self.registry.close()
+        await self.registry.close(timeout_s)
         logger.info("inference core stopped")
 
     async def _evict_idle_forever(self) -> None:

@@ -64,6 +64,7 @@ class ModelLoader:
             memory_probe = self._owned_probe = SystemMemoryProbe(settings.devices)
         self.memory_probe: MemoryProbe = memory_probe
         self._clock = clock
+        self._devices = [d.name for d in devices]
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lipstream-load-{d.name}")
             for d in devices
@@ -84,12 +85,25 @@ class ModelLoader:
         """Free ``model`` on its device's thread (after any load running there)."""
         await self._run_on(model.device, model.close)
 
-    async def close(self) -> None:
-        """Wait for the work queued on every load thread, stop them, close an owned probe."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the work queued on every load thread (up to ``timeout_s``), stop them,
+        close an owned probe. A load still running then (a TensorRT build can take
+        minutes) is abandoned and named in the log: its thread ends when the load does."""
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(e, _noop) for e in self._executors))
-        for executor in self._executors:
-            executor.shutdown(wait=True)  # idle by now: returns at once
+        drained = {
+            loop.run_in_executor(executor, _noop): (executor, name)
+            for executor, name in zip(self._executors, self._devices, strict=True)
+        }
+        _, busy = await asyncio.wait(drained, timeout=timeout_s)
+        for future, (executor, _) in drained.items():
+            # An idle thread exits at once; a busy one is left to finish its load.
+            executor.shutdown(wait=future not in busy)
+        if busy:
+            logger.warning(
+                "model loads still running %.0f s after shutdown began, abandoned: %s",
+                timeout_s,
+                sorted(drained[future][1] for future in busy),
+            )
         if self._owned_probe is not None:
             self._owned_probe.close()
 

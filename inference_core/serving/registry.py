@@ -546,8 +546,10 @@ class ModelRegistry:
 
     # -- shutdown -------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Unload every model (held or not: this is shutdown) and stop the load threads."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Unload every model (held or not: this is shutdown) and stop the load threads,
+        within ``timeout_s``: what is still loading or closing then is abandoned, named
+        in the log."""
         if self._closed:
             return
         self._closed = True
@@ -561,8 +563,18 @@ class ModelRegistry:
             entry.model, entry.state = None, "registered"
         # Closing on each device's thread also waits for loads already running there
         # (a cancelled task's thread work cannot be interrupted).
-        await asyncio.gather(*(self._loader.close_model(m) for m in models))
-        await self._loader.close()
+        started = time.monotonic()
+        closing = {asyncio.ensure_future(self._loader.close_model(m)): m for m in models}
+        if closing:
+            _, stuck = await asyncio.wait(closing, timeout=timeout_s)
+            if stuck:
+                logger.warning(
+                    "models still closing %.0f s after shutdown began, abandoned: %s",
+                    timeout_s,
+                    sorted(closing[f].model_id for f in stuck),
+                )
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+        await self._loader.close(left)
         logger.info("model registry closed: %d models unloaded", len(models))
 
 
