@@ -218,6 +218,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "model_invalid": ServerError,
         "model_load_failed": ServerError,
         "inference_failed": ServerError,
+        "server_failed": ServerError,  # /health of a server that gave up (it exits)
         "compositing_failed": ServerError,
         "deadline_exceeded": ServerError,
         "import_disabled": NotFound,
