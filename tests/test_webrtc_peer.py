@@ -17,12 +17,13 @@ from typing import Any
 import av
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from config.settings import VideoSettings
 from streaming.exceptions import OfferError
-from streaming.webrtc.data_channel import EventChannel
+from streaming.live.events import SessionEvents
+from streaming.webrtc.data_channel import LABEL, MAX_EVENT_CHANNELS, EventChannel
 from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
 from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.peer import Peer, PeerMedia, PeerState
@@ -103,6 +104,7 @@ async def _answer(
     video: Video,
     heard: list[np.ndarray],
     offer: OfferInfo | None = None,
+    events: EventChannel | None = None,
 ) -> Peer:
     offer = offer or check_offer(sdp, OfferLimits())
     media = PeerMedia(
@@ -113,7 +115,7 @@ async def _answer(
         audio=lambda index: stamped(SILENCE, index),
         caller_audio=heard.append,
     )
-    events = EventChannel(listen=_no_events, answer=lambda message: None)
+    events = events or EventChannel(listen=_no_events, answer=lambda message: None)
     return await Peer.answer(
         "session-under-test",
         sdp,
@@ -127,12 +129,22 @@ async def _answer(
 
 
 def _no_events() -> Any:
-    raise AssertionError("no data channel is opened in these tests")
+    raise AssertionError("this test opens no data channel")
 
 
 @contextlib.asynccontextmanager
-async def _call(*, audio: bool, h264: bool = True) -> AsyncIterator[Rig]:
+async def _call(
+    *,
+    audio: bool,
+    h264: bool = True,
+    events: EventChannel | None = None,
+    channels: list[RTCDataChannel] | None = None,
+) -> AsyncIterator[Rig]:
+    """A call; with ``channels``, the caller opens a ``lipstream`` data channel in its
+    offer and appends it there."""
     caller = RTCPeerConnection()
+    if channels is not None:
+        channels.append(caller.createDataChannel(LABEL))
     tasks, video = Tasks(), Video()
     heard: list[np.ndarray] = []
     frames: list[Any] = []
@@ -146,7 +158,8 @@ async def _call(*, audio: bool, h264: bool = True) -> AsyncIterator[Rig]:
 
         tasks.spawned.append(("caller drain", asyncio.create_task(drain())))
 
-    peer = await _answer(await _offer(caller, audio=audio, h264=h264), tasks, video, heard)
+    sdp = await _offer(caller, audio=audio, h264=h264)
+    peer = await _answer(sdp, tasks, video, heard, events=events)
     try:
         await caller.setRemoteDescription(RTCSessionDescription(sdp=peer.answer_sdp, type="answer"))
         yield Rig(peer, caller, tasks, heard, video)
@@ -207,3 +220,32 @@ async def test_an_offer_aiortc_cannot_answer_is_an_offer_error() -> None:
         await _answer(broken, tasks, Video(), [], info)
     # The half-made connection was closed (the peer tells it a loop step later).
     await until(lambda: tasks.ends == ["connection closed"], "the connection to close")
+
+
+async def test_a_caller_gets_at_most_max_event_channels_served(loopback: None) -> None:
+    hub = SessionEvents("session-under-test")
+    events = EventChannel(listen=hub.listen, answer=lambda message: None)
+    channels: list[RTCDataChannel] = []
+    async with _call(audio=False, events=events, channels=channels) as rig:
+        await until(lambda: channels[0].readyState == "open", "the first channel to open")
+        # Further channels on the same association, beyond what one call serves.
+        channels += [rig.caller.createDataChannel(LABEL) for _ in range(MAX_EVENT_CHANNELS + 1)]
+        received: list[list[str]] = [[] for _ in channels]
+        for channel, inbox in zip(channels, received, strict=True):
+            channel.on("message", inbox.append)
+
+        def served() -> int:
+            return sum(stage == "data channel" for stage, _ in rig.tasks.spawned)
+
+        await until(
+            lambda: (
+                served() == MAX_EVENT_CHANNELS
+                and sum(c.readyState == "closed" for c in channels) == len(channels) - served()
+            ),
+            "the extra channels to be closed",
+        )
+        open_ = [i for i, c in enumerate(channels) if c.readyState == "open"]
+        assert len(open_) == MAX_EVENT_CHANNELS
+        hub.publish("queued_ms", queued_ms=0.0, utterance=None)
+        await until(lambda: all(received[i] for i in open_), "the event on every served channel")
+        assert hub.listeners == MAX_EVENT_CHANNELS

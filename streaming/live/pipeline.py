@@ -19,7 +19,7 @@ thread hand-off of its own (``docs/architecture.md`` §1, §7).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,11 +187,15 @@ class LivePipeline:
 
     # -- the video track's source (streaming.webrtc.tracks.VideoSource) -----------------
 
-    async def frame_for(self, index: int) -> np.ndarray:
-        return await self.renderer.frame_for(index)
+    # The renderer's own coroutines, handed on: no coroutine of ours around each frame.
 
-    async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
-        return await self.renderer.packet_for(index, encoder)
+    def frame_for(self, index: int) -> Coroutine[Any, Any, np.ndarray]:
+        return self.renderer.frame_for(index)
+
+    def packet_for(
+        self, index: int, encoder: LipstreamH264Encoder
+    ) -> Coroutine[Any, Any, av.Packet[Any]]:
+        return self.renderer.packet_for(index, encoder)
 
     def sent(self, index: int) -> None:
         self._speech.frame_sent(index)

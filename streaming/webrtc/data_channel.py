@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 LABEL = "lipstream"
 #: Bytes aiortc may hold for a channel that is not being read before it is closed.
 MAX_BUFFERED_BYTES = 1 << 20
+#: ``lipstream`` channels one call serves at a time; a caller's further ones are closed.
+MAX_EVENT_CHANNELS = 4
 
 
 class EventFeed(Protocol):

@@ -54,7 +54,12 @@ from streaming.webrtc.compat import (
     negotiated_codecs,
     sender_encoder,
 )
-from streaming.webrtc.data_channel import LABEL, EventChannel, serve_data_channel
+from streaming.webrtc.data_channel import (
+    LABEL,
+    MAX_EVENT_CHANNELS,
+    EventChannel,
+    serve_data_channel,
+)
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.tracks import (
@@ -256,10 +261,22 @@ class Peer:
         self._tasks.spawn(stage, _consume(track, into))
 
     def _serve_events(self, channel: RTCDataChannel, events: EventChannel) -> None:
-        if channel.label == LABEL:
-            self._channels.append(
-                self._tasks.spawn("data channel", serve_data_channel(channel, events))
+        if channel.label != LABEL:
+            return
+        # A caller can open channels on its SCTP association for ever: each served one
+        # is a task and an event listener, so only a few at a time are.
+        self._channels = [task for task in self._channels if not task.done()]
+        if len(self._channels) >= MAX_EVENT_CHANNELS:
+            logger.info(
+                "data channel refused: session=%s already serves %d; closing it",
+                self.session_id,
+                len(self._channels),
             )
+            channel.close()
+            return
+        self._channels.append(
+            self._tasks.spawn("data channel", serve_data_channel(channel, events))
+        )
 
     def _state_changed(self) -> None:
         state = self._pc.connectionState
