@@ -285,6 +285,7 @@ class CacheSettings(_Section):
     """Memory bounds of the compositor's caches."""
 
     background_cache_bytes: ByteSize = Field(default=256 * MIB, ge=0)
+    idle_loop_bytes: ByteSize = Field(default=256 * MIB, ge=0)
 
 
 class AvatarsSettings(_Section):
@@ -324,6 +325,31 @@ class VideoSettings(_Section):
     bitrate_kbps: int | None = Field(default=None, ge=100)
     keyframe_interval_s: float = Field(default=2.0, gt=0)
     encoder_threads: int = Field(default=1, ge=0, le=64)
+    shared_idle: bool = True
+    idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
+    idle_preset: Literal[
+        "ultrafast",
+        "superfast",
+        "veryfast",
+        "faster",
+        "fast",
+        "medium",
+        "slow",
+        "slower",
+        "veryslow",
+    ] = "veryfast"
+    idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25), min_length=1)
+
+    @field_validator("idle_bitrate_rungs")
+    @classmethod
+    def _rungs_in_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for rung in value:
+            if not 0.25 <= rung <= 1.0:
+                raise ValueError(
+                    f"each rung is a fraction of the bitrate in 0.25..1.0 (REMB's range), "
+                    f"got {rung}"
+                )
+        return tuple(sorted(set(value), reverse=True))
 
 
 class SessionSettings(_Section):

@@ -124,6 +124,10 @@ class SessionStats:
     """Counters of one session (read by the admin API)."""
 
     frames_inferred: int = 0
+    #: Video frames sent from a shared encoded idle loop, and encoded by the call's own
+    #: encoder (``docs/architecture.md`` §16).
+    frames_shared: int = 0
+    frames_encoded: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
     processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_KEPT))
     stage_ms: dict[str, deque[float]] = field(
