@@ -148,6 +148,8 @@ def test_snapshot_fields() -> None:
         uptime_s=12.3,
         frames_sent=250,
         frames_inferred=200,
+        frames_shared=0,
+        frames_encoded=0,
         frames_skipped=2,
         frames_dropped={"late": 3},
         delay_ms=482.5,

@@ -306,6 +306,8 @@ class SessionReport:
             uptime_s=round(self._wall_clock() - self.created_at, 1),
             frames_sent=frames_sent,
             frames_inferred=self.stats.frames_inferred,
+            frames_shared=self.stats.frames_shared,
+            frames_encoded=self.stats.frames_encoded,
             frames_skipped=frames_skipped,
             frames_dropped=dict(self.stats.frames_dropped),
             delay_ms=round(self.delay_s * 1000, 1),

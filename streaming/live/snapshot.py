@@ -70,6 +70,8 @@ class SessionSnapshot:
     uptime_s: float
     frames_sent: int
     frames_inferred: int  # composed with an inferred face
+    frames_shared: int  # sent from the avatar's shared encoded idle loop
+    frames_encoded: int  # encoded by the call's own encoder
     frames_skipped: int  # send slots skipped because the track fell behind
     frames_dropped: dict[str, int]  # by reason: not_ready, late, overload, an error name
     delay_ms: float  # configured: lookahead + one audio tick + pipeline margin

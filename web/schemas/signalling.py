@@ -234,6 +234,11 @@ class SessionState(ResponseModel):
     uptime_s: NonNegative
     frames_sent: Count
     frames_inferred: Count = Field(description="Frames composed with an inferred face.")
+    frames_shared: Count = Field(
+        description="Idle frames sent from the avatar's shared encoded idle loop "
+        "(`video.shared_idle`): encoded once for every call, not by this one."
+    )
+    frames_encoded: Count = Field(description="Frames encoded by this call's own encoder.")
     frames_skipped: Count = Field(description="Send slots skipped because the track fell behind.")
     frames_dropped: Counts = Field(
         description="Frames shown idle instead of lip-synced, by reason (`late`, "
