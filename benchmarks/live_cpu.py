@@ -166,25 +166,37 @@ def _offline_in_child(frames: int) -> dict[str, float]:
 # -- live: the server's CPU and its stages' -----------------------------------------------
 
 
-@contextmanager
-def stage_cpu() -> Iterator[defaultdict[str, float]]:
-    """CPU seconds per stage function while the block runs (all threads), by patching the
-    classes' methods with ``thread_time`` wrappers; restored after."""
+#: A method to time: its class, its name, the stage it is counted as.
+Patch = tuple[type, str, str]
+
+
+def live_stages() -> list[Patch]:
+    """The stage functions of a live frame, as :func:`stage_cpu` times them by default."""
     from inference_core.serving.loaded_model import LoadedModel
     from streaming.frame_pipeline import FramePipeline
     from streaming.live.timeline import AudioTimeline
     from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
     from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
-    cost: defaultdict[str, float] = defaultdict(float)
-    patched = (
+    return [
         (ArrivalOrderAudioBuffer, "_decode", "caller's Opus decode"),
         (AudioTimeline, "_process_chunks", "audio: resample + features + Opus"),
         (FramePipeline, "prepare", "crop + model input"),
         (LoadedModel, "run_batch", "lip-sync model (batched)"),
         (FramePipeline, "compose", "paste-back"),
         (LipstreamH264Encoder, "encode_packet", "H.264 encode + packetise"),
-    )
+    ]
+
+
+@contextmanager
+def stage_cpu(
+    patched: list[Patch] | None = None, calls: defaultdict[str, int] | None = None
+) -> Iterator[defaultdict[str, float]]:
+    """CPU seconds per stage function while the block runs (all threads), by patching the
+    classes' methods with ``thread_time`` wrappers; restored after. ``patched`` defaults
+    to :func:`live_stages`; ``calls``, when given, counts each stage's calls."""
+    cost: defaultdict[str, float] = defaultdict(float)
+    patched = live_stages() if patched is None else patched
     originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patched]
     # A stage called inside another (the crop runs in the chunk job that completes the
     # frame's features) is counted once, as itself: the outer stage's time excludes it.
@@ -201,6 +213,8 @@ def stage_cpu() -> Iterator[defaultdict[str, float]]:
                 spent = time.thread_time() - start
                 cost[stage] += spent - nested.inner
                 nested.inner = outer_inner + spent
+                if calls is not None:
+                    calls[stage] += 1
 
         return timed
 

@@ -1,0 +1,350 @@
+"""One listening call, profiled end to end: where its CPU goes while the avatar is silent.
+
+    .venv/bin/python -m benchmarks.listening_profile [--seconds 20] [--speaking]
+    .venv/bin/python -m benchmarks.listening_profile --ab BASE CANDIDATE [--rounds 3]
+
+A real server runs in this process (:func:`benchmarks.live_server.live_server`, the demo
+avatar at 1280×720) and one call is placed by the load client in another process
+(``benchmarks.webrtc_load``), whose microphone sends digital silence (``--speaking``:
+the bundled speech, the speaking reference). Over a window of steady state it reads:
+
+* the server process's CPU per video frame sent (``/proc/self/stat``);
+* the CPU of each of its threads (``/proc/self/task/*/stat``), grouped by the Python
+  thread's name with its number dropped (native threads by their ``comm``); CPU of
+  threads that ended inside the window is the row "threads gone";
+* the event loop's CPU per kind of callback: ``asyncio.Handle._run`` is wrapped for the
+  window with two ``time.thread_time`` calls (about 1 µs per callback, counted in the
+  callbacks' own rows). A task's steps are named by its coroutine, other callbacks by
+  their function; "loop outside callbacks" is the loop thread's CPU not inside one
+  (``epoll``, the scheduler);
+* the stages of the timeline's job and the others a call runs
+  (:func:`benchmarks.live_cpu.stage_cpu`), with their calls per frame.
+
+``--ab BASE CANDIDATE`` runs this profile in a worktree of each commit, alternating the
+order every round, and prints each tree's median per row (on a noisy 2-core VM, compare
+the ratio inside one run, not figures an hour apart). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.ab import _checkout
+from benchmarks.common import Result, print_table
+from benchmarks.live_cpu import Patch, live_stages, stage_cpu
+from benchmarks.live_server import (
+    client_result,
+    cpu_seconds,
+    live_server,
+    start_load,
+    wait_for_calls,
+    write_speech,
+)
+from inference_core.assets.demo_avatar import write_demo_avatar
+
+SIZE = (1280, 720)
+WARM_UP_S = 3.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def write_silence(path: Path, seconds: float) -> Path:
+    """``seconds`` of digital silence as a 16 kHz mono WAV (the caller's microphone)."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(np.zeros(round(seconds * 16_000), dtype="<i2").tobytes())
+    return path
+
+
+# -- per thread ---------------------------------------------------------------------------
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of each thread of this process, by native id, with its
+    name: the Python thread's without its number, else the kernel's ``comm``."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        tid = int(task.name)
+        name = names.get(tid)
+        label = re.sub(r"([-_]\d+)+$", "", name) if name else f"native: {comm}"
+        if tid == os.getpid():
+            label = "event loop (main)"
+        out[tid] = (label, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def thread_delta(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], process_s: float
+) -> dict[str, float]:
+    """CPU seconds per thread group between two :func:`thread_cpu` readings."""
+    groups: defaultdict[str, float] = defaultdict(float)
+    for tid, (label, cpu) in after.items():
+        groups[label] += cpu - before.get(tid, (label, 0.0))[1]
+    groups["threads gone"] = process_s - sum(groups.values())
+    return dict(groups)
+
+
+# -- per loop callback ----------------------------------------------------------------------
+
+
+def callback_kind(callback: Any) -> str:
+    """A loop callback's kind: a task's coroutine, or the function called."""
+    owner = getattr(callback, "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        coro = owner.get_coro()
+        return f"task {getattr(coro, '__qualname__', type(coro).__name__)}"
+    func = getattr(callback, "func", callback)  # functools.partial
+    return str(getattr(func, "__qualname__", type(func).__name__))
+
+
+@contextmanager
+def loop_callbacks() -> Iterator[tuple[defaultdict[str, float], defaultdict[str, int]]]:
+    """CPU seconds and calls per callback kind on this thread's loop while open."""
+    cost: defaultdict[str, float] = defaultdict(float)
+    calls: defaultdict[str, int] = defaultdict(int)
+    original = asyncio.Handle._run
+    loop_thread = threading.get_ident()
+
+    def run(handle: asyncio.Handle) -> None:
+        if threading.get_ident() != loop_thread:
+            original(handle)
+            return
+        start = time.thread_time()
+        try:
+            original(handle)
+        finally:
+            kind = callback_kind(handle._callback)  # type: ignore[attr-defined]
+            cost[kind] += time.thread_time() - start
+            calls[kind] += 1
+
+    asyncio.Handle._run = run  # type: ignore[method-assign, assignment]
+    try:
+        yield cost, calls
+    finally:
+        asyncio.Handle._run = original  # type: ignore[method-assign]
+
+
+# -- the stages ------------------------------------------------------------------------------
+
+
+def listening_stages() -> list[Patch]:
+    """The live stages, and the parts of the timeline's job split out."""
+    from inference_core.features.encoder import AudioEncoder
+    from inference_core.features.mel import StreamingMel
+    from inference_core.features.stream import AudioFeatureStream
+    from streaming.audio_in.resample import MonoResampler
+    from streaming.live.mixer import AudioMixer
+    from streaming.live.timeline import AudioTimeline
+    from streaming.webrtc.tracks import OpusChunkEncoder
+
+    stages = [p for p in live_stages() if p[0] is not AudioTimeline]
+    return [
+        *stages,
+        (AudioMixer, "next_chunk", "job: mixer chunk (on the loop)"),
+        (AudioTimeline, "_process_chunks", "job: the rest (gate, hand-back)"),
+        (OpusChunkEncoder, "encode", "job: Opus encode"),
+        (MonoResampler, "push", "job: resample to 16 kHz"),
+        (AudioFeatureStream, "push", "job: features, rest"),
+        (StreamingMel, "push", "job: features, mel"),
+        (AudioEncoder, "encode", "job: features, audio encoder ONNX"),
+    ]
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+async def _profile(root: Path, seconds: float, speaking: bool) -> Result:
+    caller = root / "caller.wav"
+    if speaking:
+        write_speech(caller, seconds + 20)
+    else:
+        write_silence(caller, seconds + 20)
+    async with live_server(root) as (app, url):
+        client = await start_load(url, calls=1, seconds=seconds, speech=caller, microphone=True)
+        (session,) = await wait_for_calls(app, 1, lambda s: s.frames_sent > 0)
+        await asyncio.sleep(WARM_UP_S)
+        stage_calls: defaultdict[str, int] = defaultdict(int)
+        sent0, inferred0 = session.frames_sent, session.stats.frames_inferred
+        with (
+            stage_cpu(listening_stages(), stage_calls) as stages,
+            loop_callbacks() as (callbacks, callback_calls),
+        ):
+            threads0, cpu0, t0 = thread_cpu(), cpu_seconds(), time.monotonic()
+            await asyncio.sleep(seconds * 0.7)
+            threads1, cpu1, t1 = thread_cpu(), cpu_seconds(), time.monotonic()
+            stage_s, stage_n = dict(stages), dict(stage_calls)
+            loop_s, loop_n = dict(callbacks), dict(callback_calls)
+        frames = session.frames_sent - sent0
+        inferred = session.stats.frames_inferred - inferred0
+        out, _ = await client.communicate()
+        client_result(out, client.returncode)
+    cpu = cpu1 - cpu0
+    threads = thread_delta(threads0, threads1, cpu)
+    loop_thread = threads.get("event loop (main)", 0.0)
+    loop_s["loop outside callbacks"] = loop_thread - sum(loop_s.values())
+    per_frame = 1000 / frames
+
+    def scaled(values: dict[str, float]) -> dict[str, float]:
+        return {k: v * per_frame for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
+
+    return {
+        "mode": "speaking" if speaking else "listening",
+        "window_s": t1 - t0,
+        "frames_sent": frames,
+        "fps": frames / (t1 - t0),
+        "inferred_share": inferred / frames,
+        "server_ms_per_frame": cpu * per_frame,
+        "threads_ms": scaled(threads),
+        "callbacks_ms": scaled(loop_s),
+        "callbacks_per_frame": {k: n / frames for k, n in loop_n.items()},
+        "stages_ms": scaled(stage_s),
+        "stages_per_frame": {k: n / frames for k, n in stage_n.items()},
+    }
+
+
+def profile(seconds: float = 20.0, speaking: bool = False) -> Result:
+    """One call's profile (see the module doc)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_demo_avatar(root / "avatars" / "demo", size=SIZE)
+        return asyncio.run(_profile(root, seconds, speaking))
+
+
+def print_profile(result: Result, top: int = 14) -> None:
+    """The profile as tables."""
+    print_table(
+        f"One {result['mode']} 720p call, {result['window_s']:.0f} s window",
+        ["frames sent", "fps", "inferred / sent", "server CPU ms / frame"],
+        [
+            [
+                result["frames_sent"],
+                result["fps"],
+                f"{100 * result['inferred_share']:.0f}%",
+                result["server_ms_per_frame"],
+            ]
+        ],
+    )
+    print_table(
+        "CPU per thread (ms per frame sent)",
+        ["thread", "ms / frame"],
+        [[k, v] for k, v in result["threads_ms"].items() if abs(v) >= 0.0005],
+    )
+    counts = result["callbacks_per_frame"]
+    print_table(
+        f"Event loop: CPU per callback kind (ms per frame sent, top {top})",
+        ["callback", "calls / frame", "ms / frame"],
+        [[k, counts.get(k, ""), v] for k, v in list(result["callbacks_ms"].items())[:top]],
+    )
+    counts = result["stages_per_frame"]
+    print_table(
+        "Stages (ms per frame sent; a stage inside another counts once, as itself)",
+        ["stage", "calls / frame", "ms / frame"],
+        [[k, counts.get(k, 0.0), v] for k, v in result["stages_ms"].items()],
+    )
+
+
+# -- A/B ---------------------------------------------------------------------------------------
+
+
+def _run_in(tree: Path, seconds: float, speaking: bool, out: Path) -> Result:
+    command = [sys.executable, "-m", "benchmarks.listening_profile", "--seconds", str(seconds)]
+    command += ["--json", str(out), *(["--speaking"] if speaking else [])]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+    result: Result = json.loads(out.read_text())
+    return result
+
+
+def ab(base: str, candidate: str, rounds: int, seconds: float, speaking: bool) -> Result:
+    """This profile on two commits in alternating rounds; each row's median per tree."""
+    runs: dict[str, list[Result]] = {"before": [], "after": []}
+    with (
+        _checkout(base) as before,
+        _checkout(candidate) as after,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        trees = [("before", before), ("after", after)]
+        for r in range(rounds):
+            for name, tree in trees if r % 2 == 0 else trees[::-1]:
+                runs[name].append(_run_in(tree, seconds, speaking, Path(tmp) / "out.json"))
+    for table in ("threads_ms", "callbacks_ms", "stages_ms", "stages_per_frame"):
+        _print_ab(table, runs, _rows(table))
+    _print_ab("summary", runs, lambda r: {"server CPU ms / frame": r["server_ms_per_frame"]})
+    return {"base": base, "candidate": candidate, "runs": runs}
+
+
+def _rows(table: str) -> Callable[[Result], dict[str, float]]:
+    def rows(result: Result) -> dict[str, float]:
+        values: dict[str, float] = result[table]
+        return values
+
+    return rows
+
+
+def _print_ab(
+    title: str, runs: dict[str, list[Result]], rows: Callable[[Result], dict[str, float]]
+) -> None:
+    keys: dict[str, None] = {}
+    for name in ("before", "after"):
+        for run in runs[name]:
+            keys.update(dict.fromkeys(rows(run)))
+    table = []
+    for key in keys:
+        before = statistics.median(rows(r).get(key, 0.0) for r in runs["before"])
+        after = statistics.median(rows(r).get(key, 0.0) for r in runs["after"])
+        if max(abs(before), abs(after)) < 0.0005:
+            continue
+        table.append([key, before, after, after / before if before else "-"])
+    print_table(
+        f"{title}: median of {len(runs['before'])} rounds",
+        ["row", "before", "after", "after / before"],
+        table,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--speaking", action="store_true", help="the caller speaks")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    parser.add_argument("--ab", nargs=2, metavar=("BASE", "CANDIDATE"))
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.ab:
+        base, candidate = args.ab
+        result = ab(base, candidate, args.rounds, args.seconds, args.speaking)
+    else:
+        result = profile(args.seconds, args.speaking)
+        print_profile(result)
+    if args.json:
+        args.json.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
