@@ -194,6 +194,20 @@ class AvatarFrames:
             self._size = frame_size(self.get(0))
         return self._size
 
+    @property
+    def source(self) -> str:
+        """Names these frames as they are on disk now: their folder, count, and the first
+        and last file's size and modification time (a re-imported avatar differs)."""
+        ends = [self._paths[0], self._paths[-1]]
+        stamps = []
+        for path in ends:
+            try:
+                stat = path.stat()
+                stamps.append(f"{stat.st_size}:{stat.st_mtime_ns}")
+            except OSError:
+                stamps.append("missing")
+        return f"{self._paths[0].parent}|{len(self._paths)}|{'|'.join(stamps)}"
+
     def evict(self) -> int:
         """Drop this avatar's frames from the shared cache; returns how many were cached."""
         avatar_id = self.avatar_id

@@ -21,6 +21,7 @@ from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import SessionLimitError, SessionNotFoundError
+from streaming.idle_loops import IdleLoopCache
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.cpu_meter import CpuMeter
 from streaming.live.pipeline import CallResources
@@ -77,6 +78,7 @@ class SessionManager:
         self.on_frame_sent = on_frame_sent
         self.cache = BackgroundCache(settings.cache.background_cache_bytes)
         self.encoders = EncoderFactory(settings.video)
+        self.idle_loops = IdleLoopCache(settings.cache.idle_loop_bytes)
         # One thread per usable core: the jobs are short CPU work (features, crop,
         # paste), so more threads only add switches. Python's default (cores + 4)
         # cost ≈10% more CPU per frame with 3 live 720p calls on 2 cores (12.4 and
@@ -191,7 +193,12 @@ class SessionManager:
         audio_encoder = await self._audio_encoder(package.avatar_id, model)
         frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
         shared = CallResources(
-            self.settings, self.executor, self.encoders, self.on_frame_ready, self.on_frame_sent
+            self.settings,
+            self.executor,
+            self.encoders,
+            self.on_frame_ready,
+            self.on_frame_sent,
+            self.idle_loops,
         )
         session = await Session.open(
             self.session_id_prefix + secrets.token_urlsafe(16),
@@ -270,4 +277,5 @@ class SessionManager:
             self._cpu_sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._cpu_sampling
+        await self.idle_loops.close()
         await asyncio.to_thread(self.executor.shutdown, wait=True, timeout_s=WORKERS_STOP_S)

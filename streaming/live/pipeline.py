@@ -34,6 +34,8 @@ from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import AudioFeatureStream, FrameAudio
 from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline
+from streaming.idle_loops import IdleLoopCache, LoopKey
+from streaming.live.idle_sharing import IdleSharing, rung_keys
 from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer, Started
 from streaming.live.reporting import (
@@ -60,14 +62,16 @@ OnFailure = Callable[[str, BaseException], None]
 @dataclass(frozen=True)
 class CallResources:
     """What the calls of one server share (the :class:`~streaming.live.manager.SessionManager`
-    holds them): settings, the compositing threads, the H.264 encoder factory, and the
-    observers of every lip-synced frame (``/metrics``)."""
+    holds them): settings, the compositing threads, the H.264 encoder factory, the
+    observers of every lip-synced frame (``/metrics``) and the encoded idle loops (None:
+    every call encodes its own idle frames)."""
 
     settings: Settings
     executor: Offload
     encoders: EncoderFactory
     on_frame_ready: Callable[[FrameStages], None] | None = None
     on_frame_sent: Callable[[FrameSending], None] | None = None
+    idle_loops: IdleLoopCache | None = None
 
 
 class LivePipeline:
@@ -104,6 +108,7 @@ class LivePipeline:
             on_played=speech.played,
         )
         self.buffers = SendBuffers(self.clock.delay_s, self.fps)
+        self.sharing = _idle_sharing(shared, package, frames)
         self.renderer = FrameRenderer(
             session_id,
             model,
@@ -117,6 +122,7 @@ class LivePipeline:
             on_failure=on_failure,
             on_frame_ready=shared.on_frame_ready,
             on_frame_sent=shared.on_frame_sent,
+            sharing=self.sharing,
         )
         self.timeline = _timeline(
             self.mixer,
@@ -201,6 +207,31 @@ class LivePipeline:
         self._speech.frame_sent(index)
         for listener in self.sent_listeners:
             listener(index)
+
+
+def _idle_sharing(
+    shared: CallResources, package: AvatarPackage, frames: AvatarFrames
+) -> IdleSharing | None:
+    """The call's choice of shared idle frames, when ``video.shared_idle`` is on and the
+    server keeps idle loops (``docs/architecture.md`` §16)."""
+    video = shared.settings.video
+    if not video.shared_idle or shared.idle_loops is None or shared.idle_loops.max_bytes == 0:
+        return None
+    fps = package.manifest.fps
+    width, height = package.manifest.frame_size
+    config = shared.encoders.config(width, height, fps)
+    base = LoopKey(
+        avatar_id=package.avatar_id,
+        source=frames.source,
+        config=config,
+        bitrate=config.bitrate,
+        keyframe_every=max(1, round(video.idle_keyframe_interval_s * fps)),
+        preset=video.idle_preset,
+        frame_count=package.frame_count,
+    )
+    return IdleSharing(
+        shared.idle_loops, rung_keys(base, video.idle_bitrate_rungs), frames.get, fps
+    )
 
 
 def _timeline(

@@ -40,6 +40,7 @@ from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
 from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline, PreparedFrame
+from streaming.live.idle_sharing import IdleSharing
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
@@ -56,10 +57,11 @@ COMPOSE_S = 0.008
 
 @dataclass(frozen=True)
 class _Ahead:
-    """A frame whose encode started before its slot (:meth:`FrameRenderer.packet_for`)."""
+    """A frame whose encode started before its slot (:meth:`FrameRenderer.packet_for`),
+    or whose shared packet was picked then."""
 
     index: int
-    packet: asyncio.Future[av.Packet[Any]]
+    packet: asyncio.Future[av.Packet[Any]] | av.Packet[Any]
     lip_synced: bool
     ready_at: float | None
 
@@ -99,6 +101,7 @@ class FrameRenderer:
         on_failure: Callable[[str, BaseException], None],
         on_frame_ready: Callable[[FrameStages], None] | None = None,
         on_frame_sent: Callable[[FrameSending], None] | None = None,
+        sharing: IdleSharing | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session_id = session_id
@@ -113,6 +116,7 @@ class FrameRenderer:
         self._on_failure = on_failure
         self._on_frame_ready = on_frame_ready
         self._on_frame_sent = on_frame_sent
+        self._sharing = sharing
         self._ready_at: dict[int, float] = {}  # frames kept for their slot: when ready
         self._clock = clock
         self._pending: dict[int, asyncio.Task[None]] = {}
@@ -130,8 +134,10 @@ class FrameRenderer:
     def in_flight(self) -> Collection[asyncio.Future[Any]]:
         """The render tasks and the encode ahead not finished yet (the session awaits
         them when it closes)."""
-        ahead = [] if self._ahead is None else [self._ahead.packet]
-        return [*self._pending.values(), *ahead]
+        ahead = self._ahead
+        if ahead is None or isinstance(ahead.packet, av.Packet):
+            return list(self._pending.values())
+        return [*self._pending.values(), ahead.packet]
 
     def decided_until(self, index: int) -> None:
         """The speech gate has decided every frame up to ``index`` (to infer, or idle)."""
@@ -224,6 +230,7 @@ class FrameRenderer:
     async def frame_for(self, index: int) -> np.ndarray:
         """The frame to send for slot ``index``: composed if ready, else the idle frame."""
         frame, _ = self._take(index)
+        self._stats.frames_encoded += 1  # by aiortc's encoder (a VP8 call)
         if frame is not None:
             return frame
         return await self._executor.run(self._idle_frame, index)
@@ -235,7 +242,8 @@ class FrameRenderer:
 
         The next frame is encoded ahead, as soon as this one is out, when it is known
         already: composed, or decided idle by the speech gate. Then its slot only hands
-        the packet over, and the frame leaves at its slot instead of an encode later. A
+        the packet over, and the frame leaves at its slot instead of an encode later. An
+        idle frame may come from the avatar's shared loop instead (:meth:`_commit`). A
         frame encoded ahead is always sent (a skipped slot sends it late instead: the
         decoder needs every frame the encoder made). A lip-synced frame's wait for its
         slot and the time from its slot to its payloads are recorded
@@ -244,13 +252,14 @@ class FrameRenderer:
         slot_at = self._clock()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.index <= index:  # earlier only if slots were skipped
-            packet = await ahead.packet
+            made = ahead.packet
             sent, lip_synced, ready_at = ahead.index, ahead.lip_synced, ahead.ready_at
         else:
             frame, ready_at = self._take(index)
             lip_synced = frame is not None and ready_at is not None
-            packet = await self._executor.run(self._encode, encoder, frame, index)
+            made = self._commit(encoder, frame, index)
             sent = index
+        packet = made if isinstance(made, av.Packet) else await made
         self._last_sent = index  # after a skip, ahead again from the slot asked for
         if lip_synced and ready_at is not None:
             sending = FrameSending(slot_at - ready_at, self._clock() - slot_at)
@@ -273,9 +282,24 @@ class FrameRenderer:
             frame, ready_at = None, None
         else:  # in flight, or the speech gate has not got to it: decide at its slot
             return
-        packet = self._executor.run(self._encode, encoder, frame, index)
         lip_synced = frame is not None and ready_at is not None
-        self._ahead = _Ahead(index, packet, lip_synced, ready_at)
+        self._ahead = _Ahead(index, self._commit(encoder, frame, index), lip_synced, ready_at)
+
+    def _commit(
+        self, encoder: LipstreamH264Encoder, frame: np.ndarray | None, index: int
+    ) -> av.Packet[Any] | asyncio.Future[av.Packet[Any]]:
+        """Frame ``index`` is the next to go out: an idle frame (``frame`` None) as the
+        shared loop's packet when the call can share it, else its encode on the executor.
+        Called once per frame sent, in order."""
+        sharing = self._sharing
+        if sharing is not None:
+            if frame is not None:
+                sharing.live(index, encoder)
+            elif (packet := sharing.idle(index, encoder)) is not None:
+                self._stats.frames_shared += 1
+                return packet
+        self._stats.frames_encoded += 1
+        return self._executor.run(self._encode, encoder, frame, index)
 
     def _take(self, index: int) -> tuple[np.ndarray | None, float | None]:
         """The composed frame for slot ``index`` and when it became ready, if it did (a

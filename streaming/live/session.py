@@ -275,6 +275,8 @@ def _start(
     if session.idle_timeout_s > 0:
         tasks.spawn("watchdog", went_idle(activity, session.idle_timeout_s, session_id))
     tasks.spawn("preload", _preload(frames, shared.executor))
+    if pipeline.sharing is not None:
+        pipeline.sharing.prepare()  # the avatar's idle loop, built once in the background
 
 
 def _report(

@@ -77,6 +77,16 @@ class LipstreamH264Encoder(H264Encoder):
         """
         self._keyframe_wanted = True
 
+    @property
+    def keyframe_wanted(self) -> bool:
+        """Whether a keyframe request (or a switch back from a shared idle loop) waits."""
+        return self._keyframe_wanted
+
+    def take_keyframe_request(self) -> None:
+        """A keyframe was sent without this encoder (a shared idle loop's IDR): the
+        request is answered."""
+        self._keyframe_wanted = False
+
     def encode_packet(self, frame: av.VideoFrame) -> av.Packet[Any]:
         """Encode and packetise ``frame`` off the event loop, for the sender to send as is.
 
@@ -98,9 +108,9 @@ class LipstreamH264Encoder(H264Encoder):
         """RTP payloads and timestamp of ``packet``: as made by :meth:`encode_packet`, or
         aiortc's packetizer for a packet of H.264 bytes."""
         payloads = packet.opaque
-        if isinstance(payloads, list):
+        if isinstance(payloads, list | tuple):  # a tuple: a shared idle loop's, as it is
             assert packet.pts is not None
-            return payloads, packet.pts
+            return payloads, packet.pts  # type: ignore[return-value]
         return super().pack(packet)
 
     @property

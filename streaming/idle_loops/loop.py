@@ -1,0 +1,180 @@
+"""One avatar's idle loop, H.264-encoded once into RTP payloads every call can send.
+
+A silent call shows avatar frame ``bounce_index(n, count)`` for its frame ``n``
+(:mod:`compositor.sequencer`): the same pictures, in the same order, for every caller of
+the avatar. :func:`encode_loop` encodes them once, for a loop of :func:`loop_length`
+positions (frame ``n`` of any call is position ``n % length``), with an IDR every
+``keyframe_every`` positions and at position 0, so a call may join at any of those
+keyframes and the loop's wrap never references a picture from its other end
+(``docs/architecture.md`` §16). The payloads come from the same packetiser a call's own
+encoder uses, so a call only stamps its RTP headers on them.
+
+The loop is encoded with the call's live :class:`~streaming.webrtc.encoder_config.EncoderConfig`
+except for its preset and bitrate: same codec, size, profile, level and keyframe
+interval, so the SPS and PPS a decoder gets at a shared IDR are the live stream's, byte
+for byte (:func:`parameter_sets` checks it; a preset that changes them, e.g. one with
+more reference frames, is replaced by the live one).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+import av
+import numpy as np
+
+from compositor.sequencer import bounce_index
+from streaming.webrtc.encoder_config import TIME_BASE, EncoderConfig, open_codec
+from streaming.webrtc.video_encoder import LipstreamH264Encoder
+
+logger = logging.getLogger(__name__)
+
+_VIDEO_CLOCK = 90_000
+
+# H.264 NAL unit types (ITU-T H.264 table 7-1) and RTP payload types (RFC 6184).
+_NAL_IDR = 5
+_NAL_SPS = 7
+_NAL_PPS = 8
+_STAP_A = 24
+_FU_A = 28
+
+
+def bounce_period(frame_count: int) -> int:
+    """Frames before the bounce loop of ``frame_count`` avatar frames repeats."""
+    return 1 if frame_count <= 1 else 2 * (frame_count - 1)
+
+
+def loop_length(frame_count: int, keyframe_every: int) -> int:
+    """Positions of the encoded loop: the bounce period, repeated until it holds at least
+    one keyframe interval (a short avatar, a still image, would otherwise be all IDRs)."""
+    period = bounce_period(frame_count)
+    return period * max(1, math.ceil(keyframe_every / period))
+
+
+@dataclass(frozen=True)
+class LoopKey:
+    """What makes two calls' idle loops the same stream: the avatar's frames (``source``
+    changes when they do), the live encoder's config, the rung's bitrate, the keyframe
+    interval and the preset."""
+
+    avatar_id: str
+    source: str
+    config: EncoderConfig
+    bitrate: int
+    keyframe_every: int
+    preset: str
+    frame_count: int
+
+    @property
+    def length(self) -> int:
+        return loop_length(self.frame_count, self.keyframe_every)
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedLoop:
+    """The RTP payloads of every loop position and which positions are IDRs."""
+
+    key: LoopKey
+    payloads: tuple[tuple[bytes, ...], ...]
+    keyframes: frozenset[int]
+    preset: str  # the preset it was encoded with (the live one if ``key.preset`` changed the SPS)
+
+    @property
+    def length(self) -> int:
+        return len(self.payloads)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of payload held (what the cache counts)."""
+        return sum(len(p) for frame in self.payloads for p in frame)
+
+    def is_keyframe(self, position: int) -> bool:
+        return position in self.keyframes
+
+    def packet(self, index: int, fps: int) -> av.Packet[Any]:
+        """Frame ``index`` of a call, from position ``index % length``: an empty packet
+        stamped with the frame's RTP time whose ``opaque`` holds the shared payloads
+        (what :meth:`LipstreamH264Encoder.pack` hands to aiortc's sender)."""
+        packet = av.Packet(b"")
+        packet.pts = index * _VIDEO_CLOCK // fps
+        packet.time_base = TIME_BASE
+        packet.opaque = self.payloads[index % len(self.payloads)]
+        return packet
+
+
+def carries_idr(payloads: Sequence[bytes]) -> bool:
+    """Whether the RTP payloads of one frame hold an IDR slice (single NAL, STAP-A or
+    FU-A packets, as aiortc's packetiser makes them)."""
+    for payload in payloads:
+        kind = payload[0] & 0x1F
+        if kind == _NAL_IDR or (kind == _FU_A and len(payload) > 1 and payload[1] & 0x1F == 5):
+            return True
+        if kind == _STAP_A:
+            at = 1
+            while at + 2 < len(payload):
+                size = int.from_bytes(payload[at : at + 2], "big")
+                if payload[at + 2] & 0x1F == _NAL_IDR:
+                    return True
+                at += 2 + size
+    return False
+
+
+def parameter_sets(config: EncoderConfig, bitrate: int) -> bytes:
+    """The SPS and PPS ``config`` opens an encoder with (from one black IDR)."""
+    codec = open_codec(config, bitrate)
+    frame = av.VideoFrame.from_ndarray(
+        np.zeros((config.height * 3 // 2, config.width), dtype=np.uint8), format="yuv420p"
+    )
+    frame.pts = 0
+    frame.time_base = TIME_BASE
+    data = b"".join(bytes(p) for p in codec.encode(frame))
+    data += b"".join(bytes(p) for p in codec.encode(None))
+    units = [u.rstrip(b"\x00") for u in data.split(b"\x00\x00\x01")]
+    return b"".join(u for u in units if u and u[0] & 0x1F in (_NAL_SPS, _NAL_PPS))
+
+
+def loop_config(key: LoopKey) -> EncoderConfig:
+    """The encoder config of ``key``'s loop: the live one at the rung's bitrate and the
+    loop's preset, unless that preset changes the parameter sets (then the live preset)."""
+    config = replace(key.config, bitrate=key.bitrate, preset=key.preset)
+    if key.preset == key.config.preset:
+        return config
+    if parameter_sets(config, key.bitrate) == parameter_sets(key.config, key.bitrate):
+        return config
+    logger.warning(
+        "idle loop preset %s gives other H.264 parameter sets than the live preset %s "
+        "(a decoder would reconfigure at every switch); encoding idle loops with %s",
+        key.preset,
+        key.config.preset,
+        key.config.preset,
+    )
+    return replace(config, preset=key.config.preset)
+
+
+def encode_loop(key: LoopKey, frame_at: Callable[[int], np.ndarray]) -> EncodedLoop:
+    """Encode ``key``'s loop from the avatar's frames (``frame_at(i)``: avatar frame ``i``
+    as a yuv420p array). CPU-heavy: run it on a background thread."""
+    config = loop_config(key)
+    encoder = LipstreamH264Encoder(config)
+    fps = Fraction(config.fps)
+    payloads: list[tuple[bytes, ...]] = []
+    keyframes: set[int] = set()
+    for position in range(key.length):
+        image = frame_at(bounce_index(position, key.frame_count))
+        frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(image), format="yuv420p")
+        frame.pts = int(position * _VIDEO_CLOCK / fps)
+        frame.time_base = TIME_BASE
+        frame_payloads, _ = encoder.encode(frame, position % key.keyframe_every == 0)
+        if not frame_payloads:
+            raise RuntimeError(f"the encoder returned nothing for idle loop position {position}")
+        if carries_idr(frame_payloads):
+            keyframes.add(position)
+        payloads.append(tuple(frame_payloads))
+    if 0 not in keyframes:
+        raise RuntimeError("the idle loop's first frame is not an IDR")
+    return EncodedLoop(key, tuple(payloads), frozenset(keyframes), config.preset)
