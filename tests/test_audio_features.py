@@ -5,15 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compositor.sequencer import FrameSequencer
 from inference_core.exceptions import ModelInputError, ModelLoadError
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.mel import melspectrogram
 from inference_core.features.stream import (
+    NO_FEATURES,
     SILENCE_DB,
     AudioFeatureStream,
     FrameAudio,
@@ -410,3 +413,121 @@ def test_ave_needs_an_encoder() -> None:
         AudioFeatureStream(None)
     with pytest.raises(ValueError, match=r"right_context must be in 0\.\.7"):
         lookahead_ms(9)
+
+
+class CountingEncoder(AudioEncoder):
+    """Counts the windows that go through the ONNX model."""
+
+    windows = 0
+
+    def encode(self, windows: npt.ArrayLike) -> np.ndarray:
+        batch = np.asarray(windows)
+        self.windows += len(batch)
+        return super().encode(batch)
+
+
+class SequencerGate:
+    """A FrameGate over the live speech gate, as the timeline's: records what it decided."""
+
+    def __init__(self, *, hangover: int = 4, blend: int = 3, also: set[int] | None = None) -> None:
+        self.sequencer = FrameSequencer(10, hangover_frames=hangover, blend_frames=blend)
+        self.threshold_db = self.sequencer.threshold_db
+        self.frames_after = hangover + blend
+        self.also = also or set()  # frames inferred whatever their level
+        self.inferred: list[int] = []
+
+    def infer(self, index: int, level_db: float) -> bool:
+        infer = self.sequencer.step(level_db).infer or index in self.also
+        if infer:
+            self.inferred.append(index)
+        return infer
+
+
+def quiet_noise(seconds: float, seed: int = 0) -> np.ndarray:
+    """Room noise at about −70 dBFS: not digital silence, far below the speech gate."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(round(seconds * SR)) * 3e-4).astype(np.float32)
+
+
+def gated_and_ungated(
+    samples: np.ndarray, encoder_path: Path, gate: SequencerGate
+) -> tuple[list[FrameAudio], list[FrameAudio], CountingEncoder, AudioFeatureStream]:
+    counting = CountingEncoder.from_path(encoder_path)
+    assert isinstance(counting, CountingEncoder)
+    gated = AudioFeatureStream(counting)
+    ungated = AudioFeatureStream(AudioEncoder.from_path(encoder_path))
+    got: list[FrameAudio] = []
+    want: list[FrameAudio] = []
+    for start in range(0, len(samples), 320):
+        got += gated.push(samples[start : start + 320], gate)
+        want += ungated.push(samples[start : start + 320])
+    return got, want, counting, gated
+
+
+def test_a_gated_stream_encodes_only_what_inferred_frames_use(
+    speech_16k: Speech, models: dict[str, Path]
+) -> None:
+    speech, _ = speech_16k
+    silent_s = 8.0
+    samples = np.concatenate((quiet_noise(silent_s), speech, quiet_noise(4.0, seed=1)))
+    gate = SequencerGate()
+    got, want, counting, stream = gated_and_ungated(samples, models["dynamic"], gate)
+    assert [f.index for f in got] == [f.index for f in want]
+    assert [f.level_db for f in got] == [f.level_db for f in want]
+    silent_frames = int(silent_s * FPS) - 12  # well before the speech's first window
+    assert gate.inferred
+    assert min(gate.inferred) > silent_frames
+    # Bit for bit what the ungated stream gives, for every frame the gate inferred.
+    for a, b in zip(got, want, strict=True):
+        if a.index in gate.inferred:
+            assert a.features.shape == (32, 16, 16)
+            np.testing.assert_array_equal(a.features, b.features)
+        else:
+            assert a.features is NO_FEATURES
+    # Not one window for the long stretch before the speech, nor for the one after it.
+    first_window = min(gate.inferred) - 9
+    last_window = max(gate.inferred) + 6
+    assert counting.windows == stream.windows_encoded
+    assert counting.windows <= (last_window - first_window + 1) + 2 * len(gate.inferred)
+    assert counting.windows < len(want) / 2
+
+
+def test_windows_of_a_loud_frame_are_encoded_before_it_is_inferred(
+    speech_16k: Speech, models: dict[str, Path]
+) -> None:
+    """The first frame of speech finds its context encoded (its latency is unchanged):
+    only the windows that became ready in its own push are encoded when it comes out."""
+    speech, _ = speech_16k
+    samples = np.concatenate((quiet_noise(3.0), speech))
+    gate = SequencerGate()
+    counting = CountingEncoder.from_path(models["dynamic"])
+    assert isinstance(counting, CountingEncoder)
+    stream = AudioFeatureStream(counting)
+    ungated = AudioFeatureStream(AudioEncoder.from_path(models["dynamic"]))
+    for start in range(0, len(samples), 320):
+        chunk = samples[start : start + 320]
+        before = counting.windows
+        frames = stream.push(chunk, gate)
+        ungated_frames = ungated.push(chunk)
+        if gate.inferred and frames and frames[0].index <= gate.inferred[0]:
+            # Pushes emitting the first inferred frame encode no more than ungated ones do.
+            assert counting.windows - before <= 2
+            for a, b in zip(frames, ungated_frames, strict=True):
+                if a.features is not NO_FEATURES:
+                    np.testing.assert_array_equal(a.features, b.features)
+            break
+    else:
+        pytest.fail("no frame was inferred")
+
+
+def test_a_frame_inferred_outside_loud_audio_still_gets_its_features(
+    models: dict[str, Path],
+) -> None:
+    samples = quiet_noise(4.0)
+    gate = SequencerGate(also={30, 31, 77})
+    got, want, counting, _ = gated_and_ungated(samples, models["dynamic"], gate)
+    assert gate.inferred == [30, 31, 77]
+    for index in gate.inferred:
+        np.testing.assert_array_equal(got[index].features, want[index].features)
+    assert counting.windows < 3 * 16
+    assert all(f.features is NO_FEATURES for f in got if f.index not in gate.inferred)

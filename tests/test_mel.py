@@ -159,3 +159,40 @@ def test_streaming_keeps_the_tail_when_hop_exceeds_half_window() -> None:
         stream = StreamingMel(cfg)
         parts = [stream.push(samples[s : s + size]) for s in range(0, len(samples), size)]
         np.testing.assert_array_equal(np.concatenate([*parts, stream.flush()]), offline)
+
+
+class CountingMel(StreamingMel):
+    """Counts the frames that go through the FFT and the filterbank."""
+
+    transformed = 0
+
+    def _transform(self, frames: np.ndarray) -> np.ndarray:
+        self.transformed += len(frames)
+        return super()._transform(frames)
+
+
+def test_digital_silence_is_not_transformed_and_gives_the_same_frames(
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+) -> None:
+    speech, _ = speech_16k
+    gap = np.zeros(16000, dtype=np.float32)
+    samples = np.concatenate((gap, speech[:16000], gap, speech[16000:32000], gap))
+    stream = CountingMel()
+    stream.transformed = 0  # (the silent row, transformed once when it is made)
+    frames = []
+    for start in range(0, len(samples), 320):
+        frames.append(stream.push(samples[start : start + 320]))
+    frames.append(stream.flush())
+    streamed = np.concatenate(frames)
+    # Each frame transformed on its own, as every frame was before silence was skipped.
+    padded = np.pad(scipy.signal.lfilter([1.0, -0.97], [1.0], samples), 400, mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 800)[::200]
+    assert len(windows) == len(streamed)
+    sound = windows.any(axis=1)
+    assert (~sound).sum() > 3 * 70  # three gaps of ~78 silent frames each
+    # Bit for bit what transforming every frame gives (the spectrogram before the
+    # shortcut), and silence's row is the floor.
+    np.testing.assert_array_equal(streamed, StreamingMel()._transform(windows))
+    np.testing.assert_array_equal(streamed, melspectrogram(samples))
+    np.testing.assert_array_equal(streamed[~sound], np.full(((~sound).sum(), 80), -4.0))
+    assert stream.transformed == sound.sum()

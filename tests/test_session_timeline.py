@@ -7,18 +7,22 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from compositor.sequencer import FrameSequencer, FrameStep
-from inference_core.features.stream import AudioFeatureStream, FrameAudio, lookahead_ms
-from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE
+from inference_core.features.encoder import AudioEncoder
+from inference_core.features.stream import NO_FEATURES, AudioFeatureStream, FrameAudio, lookahead_ms
+from streaming.audio_in.resample import MonoResampler
+from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
-from streaming.live.timeline import MAX_CHUNKS_PER_JOB, AudioTimeline, chunk_due
+from streaming.live.timeline import MAX_CHUNKS_PER_JOB, AudioTimeline, DecidedFrame, chunk_due
 from streaming.webrtc.tracks import SILENCE
+from tests.test_audio_features import CountingEncoder, linear_encoder
 
 FPS = 25
 START = 100.0
@@ -100,6 +104,7 @@ class Rig:
     executor: InlineExecutor
     inferred: list[FrameStep] = field(default_factory=list)
     voiced: list[float] = field(default_factory=list)
+    decided: list[DecidedFrame[int]] = field(default_factory=list)
 
     async def run_to(self, chunks: int) -> None:
         """Let the timeline make chunks 0 .. ``chunks`` - 1, each at its due time."""
@@ -107,14 +112,17 @@ class Rig:
         assert self.timeline.chunks_made == chunks
 
 
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def running(features: AudioFeatureStream, hangover: int = 0) -> AsyncIterator[Rig]:
+    """A timeline over ``features`` on a hand-stepped clock, its jobs consumed as the live
+    pipeline does."""
     time = ManualTime(START)
     mixer = AudioMixer()
     buffers = SendBuffers(delay_s=0.5, fps=FPS)
     executor = InlineExecutor()
     inferred: list[FrameStep] = []
     voiced: list[float] = []
+    decided: list[DecidedFrame[int]] = []
 
     def start(step: FrameStep, item: FrameAudio) -> int:
         assert executor.in_job  # the renderer crops here: off the loop, in the chunk's job
@@ -122,12 +130,12 @@ async def rig() -> AsyncIterator[Rig]:
 
     timeline: AudioTimeline[int] = AudioTimeline(
         mixer,
-        AudioFeatureStream(None, kind="mel", fps=FPS),
-        # No hangover and no fade: a frame is inferred exactly when it is loud.
-        FrameSequencer(6, threshold_db=THRESHOLD_DB, hangover_frames=0, blend_frames=0),
+        features,
+        # No fade (and by default no hangover): a frame is inferred exactly when it is loud.
+        FrameSequencer(6, threshold_db=THRESHOLD_DB, hangover_frames=hangover, blend_frames=0),
         executor,
         fps=FPS,
-        lookahead_ms=LOOKAHEAD_MS,
+        lookahead_ms=features.lookahead_ms,
         vad_threshold_db=THRESHOLD_DB,
         prepare=start,
         clock=time.clock,
@@ -139,6 +147,7 @@ async def rig() -> AsyncIterator[Rig]:
         async for made in timeline.jobs(START):
             for index, packet in enumerate(made.packets, made.first):
                 buffers.put_chunk(index, packet)
+            decided.extend(made.frames)
             for frame in made.frames:
                 if frame.voiced:
                     voiced.append(time.now)
@@ -149,10 +158,16 @@ async def rig() -> AsyncIterator[Rig]:
 
     task = asyncio.create_task(consume())
     await time.until_asleep()
-    yield Rig(timeline, time, mixer, buffers, executor, inferred, voiced)
+    yield Rig(timeline, time, mixer, buffers, executor, inferred, voiced, decided)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    async with running(AudioFeatureStream(None, kind="mel", fps=FPS)) as made:
+        yield made
 
 
 def _tone(seconds: float) -> np.ndarray:
@@ -253,3 +268,38 @@ async def test_a_chunk_encoded_during_an_interrupt_is_silenced(rig: Rig) -> None
     rig.mixer.push(_tone(1.0))
     await rig.run_to(12)
     assert bytes(rig.buffers.take_chunk(11)) != SILENCE  # new audio is heard again
+
+
+async def test_a_listening_call_runs_no_audio_encoder_and_speech_gets_its_features(
+    tmp_path: Path,
+) -> None:
+    """Idle frames cost no encoder run; the frames of speech get the features an ungated
+    stream of the same audio gives, bit for bit."""
+    counting = CountingEncoder.from_path(linear_encoder(tmp_path / "encoder.onnx"))
+    assert isinstance(counting, CountingEncoder)
+    async with running(AudioFeatureStream(counting, fps=FPS), hangover=4) as ave:
+        await ave.run_to(250)  # 5 s of a listening call
+        assert len(ave.decided) > 100
+        assert counting.windows == 0
+        assert all(f.item.features is NO_FEATURES for f in ave.decided)
+        ave.mixer.push(_tone(1.0))
+        await ave.run_to(400)  # the tone and 2 s after it are final
+    # The timeline's 400 chunks: 250 silent ones, the tone, silence; the reference stream
+    # gets them as the timeline's job does, resampled chunk by chunk and ungated.
+    timeline_audio = np.concatenate(
+        (np.zeros(250 * CHUNK_SAMPLES, np.float32), _tone(1.0), np.zeros(100 * CHUNK_SAMPLES))
+    ).astype(np.float32)
+    reference = AudioFeatureStream(AudioEncoder.from_path(tmp_path / "encoder.onnx"), fps=FPS)
+    resampler = MonoResampler(OUT_RATE, FEATURE_RATE)
+    want: dict[int, FrameAudio] = {}
+    for i in range(400):
+        chunk = timeline_audio[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+        want.update((f.index, f) for f in reference.push(resampler.push(chunk)))
+    inferred = [f for f in ave.decided if f.step.infer]
+    assert 25 <= len(inferred) <= 32
+    for frame in ave.decided:
+        if frame.step.infer:
+            np.testing.assert_array_equal(frame.item.features, want[frame.item.index].features)
+        else:
+            assert frame.item.features is NO_FEATURES
+    assert counting.windows <= len(inferred) + 16 + 2

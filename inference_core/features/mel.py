@@ -136,6 +136,9 @@ class StreamingMel:
         self._basis = mel_filterbank(self._cfg)
         self._window = periodic_hann(self._cfg.win)
         self._pad = self._cfg.n_fft // 2
+        # Every row's values depend on its own samples only (``_transform``), so the row
+        # of an all-zero window is the same wherever it falls: bit for bit this one.
+        self._silent_row = self._transform(np.zeros((1, self._cfg.n_fft)))[0]
         self.reset()
 
     @property
@@ -239,6 +242,18 @@ class StreamingMel:
         return self._frames_to_mel(windows)
 
     def _frames_to_mel(self, frames: Float64Array) -> FloatArray:
+        """Mel frames of ``frames`` (padded windows); one of digital silence is not
+        transformed: it is the row silence always gives, computed once."""
+        sound = frames.any(axis=1)
+        if sound.all():
+            return self._transform(frames)
+        mel = np.empty((len(frames), self._cfg.n_mels), dtype=np.float32)
+        mel[~sound] = self._silent_row
+        if sound.any():
+            mel[sound] = self._transform(frames[sound])
+        return mel
+
+    def _transform(self, frames: Float64Array) -> FloatArray:
         cfg = self._cfg
         magnitude = np.abs(np.fft.rfft(frames * self._window, n=cfg.n_fft, axis=-1))
         # einsum's own loop reduces every row in the same order however many rows there

@@ -12,14 +12,23 @@ stream fed the whole signal at once. A frame is emitted as soon as every input i
 final, so a live stream runs :func:`lookahead_ms` behind the audio (≈450 ms for the full
 right context). Rows that depend on where the stream ends (the clamped last windows, the
 repeated last feature) are final only at :meth:`AudioFeatureStream.flush`.
+
+A live call infers only the frames its speech gate lets through, so its stream is pushed
+with a :class:`FrameGate`: a frame the gate does not infer gets no features
+(:data:`NO_FEATURES`) and costs no encoder run. Windows are still encoded in the batches
+they became ready in, so a frame that is inferred gets the very values it gets without a
+gate, and the windows of frames the gate will likely infer (around audio at or above its
+threshold) are encoded as soon as their audio is there, as without a gate: the first
+frame of speech finds its context done, and its latency is unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +47,9 @@ CONTEXT_LEFT = 8  # rows before the frame's own row
 MAX_RIGHT_CONTEXT = CONTEXT_ROWS - CONTEXT_LEFT - 1
 AVE_SHAPE = (32, 16, 16)
 SILENCE_DB = -120.0
+#: The features of a frame that its :class:`FrameGate` did not infer: none (size 0).
+NO_FEATURES: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+NO_FEATURES.flags.writeable = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -54,6 +66,26 @@ class FrameAudio:
     index: int
     features: FloatArray
     level_db: float
+
+
+class FrameGate(Protocol):
+    """Which frames get features (the live speech gate, ``streaming.live.timeline``).
+
+    ``infer`` is asked once per frame, in order, when the frame's inputs are final; a
+    frame it declines carries :data:`NO_FEATURES`. ``threshold_db`` and ``frames_after``
+    say which frames it will likely infer: those at or above the threshold and up to
+    ``frames_after`` frames after each (a hangover, a fade). Only their windows are
+    encoded ahead; a frame inferred outside them still gets its features, encoded when
+    it is asked for.
+    """
+
+    @property
+    def threshold_db(self) -> float: ...
+
+    @property
+    def frames_after(self) -> int: ...
+
+    def infer(self, index: int, level_db: float) -> bool: ...
 
 
 def _check_args(kind: str, fps: int, right_context: int) -> None:
@@ -176,6 +208,7 @@ class AudioFeatureStream:
         self._right_context = right_context if kind == "ave" else 0
         self._timing = _Timing(cfg, fps)
         self._mel = StreamingMel(cfg)
+        self._windows_encoded = 0
         self._lookahead_ms = lookahead_ms(self._right_context, fps, kind=kind)
         logger.debug(
             "audio features %s at %d fps, right context %d: lookahead %.1f ms",
@@ -212,6 +245,11 @@ class AudioFeatureStream:
         return self._next_frame
 
     @property
+    def windows_encoded(self) -> int:
+        """Mel windows run through the audio encoder since the stream was made."""
+        return self._windows_encoded
+
+    @property
     def memory_bytes(self) -> int:
         """Bytes of samples, mel frames and features held for frames not yet emitted."""
         return self._pcm.nbytes + self._mel_frames.nbytes + self._rows.nbytes
@@ -229,13 +267,24 @@ class AudioFeatureStream:
         self._pcm_start = 0
         self._mel_frames: FloatArray = np.empty((0, n_mels), dtype=np.float32)
         self._mel_start = 0
+        # Extended rows from ``_rows_start`` (row r is window r−1, row 0 repeats window 0),
+        # one per window whose mel is final; those of ``_batches`` are not encoded yet.
         self._rows: FloatArray = np.empty((0, ENCODER_FEATURES), dtype=np.float32)
         self._rows_start = 0
-        self._next_window = 0
+        self._ready_windows = 0  # windows whose mel frames are final
+        # Windows ready but not encoded, as the batches they became ready in: encoding a
+        # batch as it came keeps every value what an ungated stream computes.
+        self._batches: deque[tuple[int, int]] = deque()
+        # Windows a loud frame made likely to be used: encoded as soon as they are ready.
+        self._likely = (0, -1)
+        self._levels: deque[float] = deque()  # of frames _next_frame… already measured
         self._next_frame = 0
 
-    def push(self, pcm: npt.ArrayLike) -> list[FrameAudio]:
-        """Add mono 16 kHz PCM (float32 in [−1, 1] or int16); return the frames now final."""
+    def push(self, pcm: npt.ArrayLike, gate: FrameGate | None = None) -> list[FrameAudio]:
+        """Add mono 16 kHz PCM (float32 in [−1, 1] or int16); return the frames now final.
+
+        With a ``gate``, only the frames it infers get features (module doc).
+        """
         samples = _as_float32(pcm)
         if samples.size == 0:
             return []
@@ -243,11 +292,15 @@ class AudioFeatureStream:
         self._pcm = np.concatenate((self._pcm, samples))
         self._mel_frames = np.concatenate((self._mel_frames, self._mel.push(samples)))
         if self._kind == "ave":
-            stop = self._next_window
+            stop = self._ready_windows
             while self._timing.window_start(stop) + MEL_WINDOW <= self._mel_count:
                 stop += 1
-            self._encode_windows(stop)
-        frames = self._emit_ready()
+            self._add_windows(stop)
+            if gate is None:
+                self._encode(0, stop - 1)
+            else:
+                self._encode_likely(gate)
+        frames = self._emit_ready(gate)
         self._drop_consumed()
         return frames
 
@@ -267,10 +320,12 @@ class AudioFeatureStream:
                 )
                 self._mel_frames = np.concatenate((self._mel_frames, floor))
             if self._kind == "ave":
-                self._encode_windows(self._timing.window_count(self._mel_count))
+                count = self._timing.window_count(self._mel_count)
+                self._add_windows(count)
+                self._encode(0, count - 1)
                 # The extended list repeats the last feature once.
                 self._rows = np.concatenate((self._rows, self._rows[-1:]))
-            frames = [self._frame(i) for i in range(self._next_frame, total)]
+            frames = [self._frame(i, None) for i in range(self._next_frame, total)]
         self.reset()
         return frames
 
@@ -288,21 +343,61 @@ class AudioFeatureStream:
         rows = self._mel_frames[start - self._mel_start : start - self._mel_start + MEL_WINDOW]
         return np.ascontiguousarray(rows.T[np.newaxis])
 
-    def _encode_windows(self, stop: int) -> None:
-        """Encode windows ``_next_window .. stop−1`` in one batch into extended rows."""
-        if stop <= self._next_window or self._encoder is None:
+    def _add_windows(self, stop: int) -> None:
+        """Windows ``_ready_windows .. stop−1`` are ready: one batch, rows not yet encoded."""
+        first = self._ready_windows
+        if stop <= first:
             return
-        batch = np.stack([self._mel_window(m) for m in range(self._next_window, stop)])
-        features = self._encoder.encode(batch)
-        if self._next_window == 0:  # extended row 0 repeats window 0
-            features = np.concatenate((features[:1], features))
-        self._rows = np.concatenate((self._rows, features))
-        self._next_window = stop
+        new_rows = stop - first + (1 if first == 0 else 0)  # row 0 repeats window 0
+        self._rows = np.concatenate(
+            (self._rows, np.zeros((new_rows, ENCODER_FEATURES), dtype=np.float32))
+        )
+        self._batches.append((first, stop))
+        self._ready_windows = stop
 
-    def _emit_ready(self) -> list[FrameAudio]:
+    def _encode(self, lo: int, hi: int) -> None:
+        """Encode every batch of ready windows that holds one of windows ``lo .. hi``."""
+        if self._encoder is None or hi < lo:
+            return
+        keep: deque[tuple[int, int]] = deque()
+        for first, stop in self._batches:
+            if stop <= lo or first > hi:
+                keep.append((first, stop))
+                continue
+            batch = np.stack([self._mel_window(m) for m in range(first, stop)])
+            features = self._encoder.encode(batch)
+            self._windows_encoded += stop - first
+            # Window w is row w+1; rows before _rows_start no frame to come uses.
+            row = first + 1 - self._rows_start
+            skip = max(0, -row)
+            self._rows[row + skip : row + stop - first] = features[skip:]
+            if first == 0 and self._rows_start == 0:  # extended row 0 repeats window 0
+                self._rows[0] = features[0]
+        self._batches = keep
+
+    def _encode_likely(self, gate: FrameGate) -> None:
+        """Encode the ready windows of frames ``gate`` will likely infer (its doc)."""
+        level_from = self._next_frame + len(self._levels)
+        while self._timing.level_span(level_from)[1] <= self._n_samples:
+            level = self._level_db(level_from)
+            self._levels.append(level)
+            if level >= gate.threshold_db:
+                # Frame j uses windows j−9 … j+R−1, and so do the frames after it.
+                lo = max(level_from - CONTEXT_LEFT - 1, 0)
+                hi = level_from + gate.frames_after + self._right_context - 1
+                if lo > self._likely[1] + 1:
+                    self._likely = (lo, hi)
+                else:
+                    self._likely = (self._likely[0], max(self._likely[1], hi))
+            level_from += 1
+        lo, hi = self._likely
+        if hi >= lo:
+            self._encode(lo, min(hi, self._ready_windows - 1))
+
+    def _emit_ready(self, gate: FrameGate | None) -> list[FrameAudio]:
         frames: list[FrameAudio] = []
         while self._ready(self._next_frame):
-            frames.append(self._frame(self._next_frame))
+            frames.append(self._frame(self._next_frame, gate))
         return frames
 
     def _ready(self, i: int) -> bool:
@@ -312,13 +407,16 @@ class AudioFeatureStream:
             return self._rows_end > i + self._right_context
         return self._timing.window_start(i) + MEL_WINDOW <= self._mel_count
 
-    def _frame(self, i: int) -> FrameAudio:
+    def _frame(self, i: int, gate: FrameGate | None) -> FrameAudio:
+        level = self._levels.popleft() if self._levels else self._level_db(i)
+        self._next_frame = i + 1
+        if gate is not None and not gate.infer(i, level):
+            return FrameAudio(index=i, features=NO_FEATURES, level_db=level)
         if self._kind == "ave":
             features = self._context(i)
         else:
             features = self._mel_window(i)
-        self._next_frame = i + 1
-        return FrameAudio(index=i, features=features, level_db=self._level_db(i))
+        return FrameAudio(index=i, features=features, level_db=level)
 
     def _context(self, i: int) -> FloatArray:
         """Extended rows ``i−8 … i+R`` as ``[32,16,16]``; zeros where there is no row."""
@@ -327,6 +425,7 @@ class AudioFeatureStream:
         lo = max(first, 0)
         hi = min(i + self._right_context, self._rows_end - 1)
         if hi >= lo:
+            self._encode(max(lo - 1, 0), hi - 1)  # rows lo … hi are windows lo−1 … hi−1
             view[lo - first : hi - first + 1] = self._rows[
                 lo - self._rows_start : hi - self._rows_start + 1
             ]
@@ -349,8 +448,15 @@ class AudioFeatureStream:
         if pcm_from > self._pcm_start:
             self._pcm = self._pcm[pcm_from - self._pcm_start :]
             self._pcm_start = pcm_from
-        # Mel frames: the next window still to build, and the last 16 for a clamped end.
-        next_window = self._next_window if self._kind == "ave" else self._next_frame
+        # Batches no frame to come uses (windows before the next frame's first) are
+        # never encoded.
+        first_used = self._next_frame - CONTEXT_LEFT - 1
+        while self._batches and self._batches[0][1] <= first_used:
+            self._batches.popleft()
+        # Mel frames: the first window not encoded, and the last 16 for a clamped end.
+        next_window = self._batches[0][0] if self._batches else self._ready_windows
+        if self._kind != "ave":
+            next_window = self._next_frame
         mel_from = min(timing.window_start(next_window), self._mel_count - MEL_WINDOW)
         if mel_from > self._mel_start:
             self._mel_frames = self._mel_frames[mel_from - self._mel_start :]

@@ -6,7 +6,9 @@ start and is made at the end of that interval, once the microphone has delivered
 for the feature stream in one job on the executor, off the event loop (§7); every video
 frame whose features it completes goes through the speech gate
 (:class:`~compositor.sequencer.FrameSequencer`), and a frame to infer is prepared in the
-same job. What a job made goes back to the live pipeline
+same job. The gate is asked as each frame's inputs become final, so only the frames it
+infers get features: a listening call runs no audio encoder
+(:class:`~inference_core.features.stream.FrameGate`). What a job made goes back to the live pipeline
 (:class:`~streaming.live.pipeline.LivePipeline`), which hands the packets to the send
 buffers (the audio track sends each a session delay later, §8) and the frames to infer
 to the render tasks.
@@ -49,7 +51,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class DecidedFrame(Generic[T]):
     """A frame whose features a job completed: its step, whether it was voiced, and
-    (for a frame to infer) what ``prepare`` returned for it."""
+    (for a frame to infer) what ``prepare`` returned for it. Only a frame to infer has
+    features; the others carry :data:`~inference_core.features.stream.NO_FEATURES`."""
 
     item: FrameAudio
     step: FrameStep
@@ -71,6 +74,27 @@ class Made(Generic[T]):
 
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
 MAX_CHUNKS_PER_JOB = 25
+
+
+class _SpeechGate:
+    """The speech gate as the feature stream's
+    :class:`~inference_core.features.stream.FrameGate`: each frame steps the sequencer
+    (silent if an interrupt cut it), and ``decided`` keeps each step and level until the
+    job takes them. A loud frame keeps up to ``hangover + blend`` frames after it
+    inferred, so their windows are the ones worth encoding ahead."""
+
+    def __init__(self, sequencer: FrameSequencer) -> None:
+        self._sequencer = sequencer
+        self.threshold_db = sequencer.threshold_db
+        self.frames_after = sequencer.hangover_frames + sequencer.blend_frames
+        self.silent_until = -1  # frames up to here were cut by an interrupt
+        self.decided: list[tuple[FrameStep, float]] = []
+
+    def infer(self, index: int, level_db: float) -> bool:
+        level = level_db if index > self.silent_until else SILENCE_DB
+        step = self._sequencer.step(level)
+        self.decided.append((step, level))
+        return step.infer
 
 
 def chunk_due(start: float, index: int) -> float:
@@ -121,7 +145,7 @@ class AudioTimeline(Generic[T]):
         # The last frame the speech gate stepped and handed on (to infer, or idle).
         self._decided = -1
         self._interrupts = 0
-        self._silent_until = -1  # frames up to here were cut by an interrupt
+        self._gate = _SpeechGate(sequencer)
 
     @property
     def chunks_made(self) -> int:
@@ -165,12 +189,13 @@ class AudioTimeline(Generic[T]):
             self._reset_gate = False
             self._sequencer.reset()
         made = []
+        gate = self._gate
         for index, chunk in enumerate(chunks, first):
             packet = opus.encode(chunk, index)
+            items = self._features.push(self._to_features.push(chunk), gate)
+            decided, gate.decided = gate.decided, []
             frames = []
-            for item in self._features.push(self._to_features.push(chunk)):
-                level = item.level_db if item.index > self._silent_until else SILENCE_DB
-                step = self._sequencer.step(level)
+            for item, (step, level) in zip(items, decided, strict=True):
                 started = self._prepare(step, item) if step.infer else None
                 frames.append(DecidedFrame(item, step, level >= self._vad_threshold_db, started))
             made.append((packet, frames))
@@ -186,7 +211,7 @@ class AudioTimeline(Generic[T]):
         dropped, cut = self._mixer.clear_pushed()
         frame_s = 1.0 / self._fps
         audio_now = self._chunks_made * AUDIO_CHUNK_S
-        self._silent_until = int((audio_now + self._lookahead_ms / 1000) / frame_s) + 1
+        self._gate.silent_until = int((audio_now + self._lookahead_ms / 1000) / frame_s) + 1
         self._reset_gate = True  # a job may be stepping it now: the next one resets it
         self._interrupts += 1
         # A fresh encoder: the old one holds the last speech in its look-ahead and would
