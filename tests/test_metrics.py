@@ -53,6 +53,7 @@ ALLOWED_LABELS = {
     | {f"{stage} failed" for stage in TASK_STAGES},
     "event": {"started", "ended", "rejected", "failed"},
     "stage": set(STAGES) | set(SENDING),
+    "source": {"shared", "encoded"},
 }
 FAMILIES = {
     "counter": [
@@ -72,6 +73,10 @@ FAMILIES = {
         "lipstream_background_cache_hits",
         "lipstream_background_cache_misses",
         "lipstream_background_cache_evictions",
+        "lipstream_frames_sent_by_source",
+        "lipstream_idle_loops_built",
+        "lipstream_idle_loop_evictions",
+        "lipstream_idle_loop_build_failures",
     ],
     "gauge": [
         "lipstream_sessions_live",
@@ -89,6 +94,10 @@ FAMILIES = {
         "lipstream_background_cache_bytes",
         "lipstream_background_cache_max_bytes",
         "lipstream_background_cache_entries",
+        "lipstream_idle_loop_cache_bytes",
+        "lipstream_idle_loop_cache_max_bytes",
+        "lipstream_idle_loops",
+        "lipstream_idle_loops_building",
     ],
     "histogram": [
         "lipstream_queue_wait_seconds",

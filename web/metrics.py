@@ -31,6 +31,7 @@ lipstream_sessions_total                    counter    event        sessions
 lipstream_sessions_ended_total              counter    reason       sessions
 lipstream_frames_served_total               counter                 sessions
 lipstream_frames_inferred_total             counter                 sessions
+lipstream_frames_sent_by_source_total       counter    source       sessions
 lipstream_frames_dropped_total              counter    reason       sessions
 lipstream_cpu_seconds_per_frame             gauge                   sessions (once
                                                                     measured)
@@ -67,6 +68,13 @@ lipstream_background_cache_entries          gauge                   cache
 lipstream_background_cache_hits_total       counter                 cache
 lipstream_background_cache_misses_total     counter                 cache
 lipstream_background_cache_evictions_total  counter                 cache
+lipstream_idle_loop_cache_bytes             gauge                   idle loops
+lipstream_idle_loop_cache_max_bytes         gauge                   idle loops
+lipstream_idle_loops                        gauge                   idle loops
+lipstream_idle_loops_building               gauge                   idle loops
+lipstream_idle_loops_built_total            counter                 idle loops
+lipstream_idle_loop_evictions_total         counter                 idle loops
+lipstream_idle_loop_build_failures_total    counter                 idle loops
 ==========================================  =========  ===========  ====================
 
 ``lipstream_frames_dropped_total`` counts live-session frames by why they were not shown
@@ -276,6 +284,15 @@ class SnapshotCollector(Collector):
             "Live-session frames composed with an inferred face.",
             value=totals.frames_inferred,
         )
+        by_source = CounterMetricFamily(
+            "lipstream_frames_sent_by_source",
+            "Video frames sent: shared (an avatar's shared encoded idle loop) or encoded "
+            "(by the call's own encoder).",
+            labels=["source"],
+        )
+        by_source.add_metric(["shared"], totals.frames_shared)
+        by_source.add_metric(["encoded"], totals.frames_encoded)
+        yield by_source
         by_reason = dict.fromkeys((*_DROP_REASONS.values(), "error"), 0)
         for name, count in totals.frames_dropped.items():
             by_reason[_DROP_REASONS.get(name, "error")] += count
@@ -401,6 +418,38 @@ class SnapshotCollector(Collector):
         )
         yield CounterMetricFamily(
             f"{prefix}_evictions", "Frames dropped to stay within the limit.", value=c.evictions
+        )
+        loops = self._sessions.idle_loops
+        yield GaugeMetricFamily(
+            "lipstream_idle_loop_cache_bytes",
+            "Bytes of encoded idle loops kept.",
+            value=loops.bytes,
+        )
+        yield GaugeMetricFamily(
+            "lipstream_idle_loop_cache_max_bytes",
+            "Idle loop cache limit in bytes (cache.idle_loop_bytes).",
+            value=loops.max_bytes,
+        )
+        yield GaugeMetricFamily(
+            "lipstream_idle_loops", "Encoded idle loops kept.", value=loops.loops
+        )
+        yield GaugeMetricFamily(
+            "lipstream_idle_loops_building",
+            "Idle loops queued or being encoded.",
+            value=loops.building,
+        )
+        yield CounterMetricFamily(
+            "lipstream_idle_loops_built", "Idle loops encoded.", value=loops.built
+        )
+        yield CounterMetricFamily(
+            "lipstream_idle_loop_evictions",
+            "Idle loops dropped to stay within the limit.",
+            value=loops.evicted,
+        )
+        yield CounterMetricFamily(
+            "lipstream_idle_loop_build_failures",
+            "Idle loops that failed to encode (their calls encode their own frames).",
+            value=loops.failed,
         )
 
 

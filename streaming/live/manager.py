@@ -49,6 +49,8 @@ class SessionCounters:
     failed: int = 0  # offers that could not be answered
     frames_sent: int = 0
     frames_inferred: int = 0
+    frames_shared: int = 0
+    frames_encoded: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
     ended_by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -124,6 +126,8 @@ class SessionManager:
             frames_inferred=c.frames_inferred + sum(s.stats.frames_inferred for s in live),
             frames_dropped=dropped,
             ended_by_reason=dict(c.ended_by_reason),
+            frames_shared=c.frames_shared + sum(s.stats.frames_shared for s in live),
+            frames_encoded=c.frames_encoded + sum(s.stats.frames_encoded for s in live),
             cpu_ms_per_frame=self.cpu_meter.ms_per_frame(),
             room_places=room.places,
             room_share=room.share,
@@ -131,7 +135,10 @@ class SessionManager:
             audio_streams=sum(s.app_audio.stream_open for s in live),
         )
         return SessionsSnapshot(
-            sessions=tuple(s.snapshot() for s in live), totals=totals, cache=self.cache.stats()
+            sessions=tuple(s.snapshot() for s in live),
+            totals=totals,
+            cache=self.cache.stats(),
+            idle_loops=self.idle_loops.stats(),
         )
 
     @property
@@ -247,6 +254,8 @@ class SessionManager:
         c.ended += 1
         c.frames_sent += session.frames_sent
         c.frames_inferred += session.stats.frames_inferred
+        c.frames_shared += session.stats.frames_shared
+        c.frames_encoded += session.stats.frames_encoded
         for reason, count in session.stats.frames_dropped.items():
             c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
         reason = session.end_reason or "unknown"

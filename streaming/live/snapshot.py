@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter
 
 from compositor.background_cache import CacheStats
+from streaming.idle_loops import IdleLoopStats
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class SessionTotals:
     frames_inferred: int
     frames_dropped: dict[str, int]
     ended_by_reason: dict[str, int]
+    #: Video frames sent from shared idle loops, and encoded by the calls themselves.
+    frames_shared: int = 0
+    frames_encoded: int = 0
     #: The process's CPU ms per frame sent lately (admission's measured figure), if any.
     cpu_ms_per_frame: float | None = None
     #: What admission has left for new sessions: places, and the least-used-up
@@ -118,6 +122,7 @@ class SessionsSnapshot:
     sessions: tuple[SessionSnapshot, ...]
     totals: SessionTotals
     cache: CacheStats
+    idle_loops: IdleLoopStats
 
     def to_json(self) -> bytes:
         """The snapshot as JSON (what crosses a process boundary)."""

@@ -98,6 +98,20 @@ class Cache(ResponseModel):
     entries: Count
 
 
+class IdleLoops(ResponseModel):
+    """The shared encoded idle loops (``video.shared_idle``) and the frames sent from them."""
+
+    bytes: Count
+    max_bytes: Count = Field(description="`cache.idle_loop_bytes`.")
+    loops: Count = Field(description="Loops kept: one per avatar, encoder and bitrate rung.")
+    building: Count = Field(description="Loops queued or being encoded in the background.")
+    built: Count
+    evicted: Count
+    failed: Count
+    frames_shared: Count = Field(description="Video frames sent from shared loops.")
+    frames_encoded: Count = Field(description="Video frames the calls encoded themselves.")
+
+
 class Global(ResponseModel):
     """Server-wide totals since start-up."""
 
@@ -122,6 +136,7 @@ class Stats(ResponseModel):
     models: list[Model]
     devices: list[Device]
     cache: Cache
+    idle_loops: IdleLoops
     # "global" is a Python keyword: the attribute has another name, the key is "global".
     totals: Global = Field(serialization_alias="global")
 
