@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 
+from streaming.audio_in.resample import resample_mono
 from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
-from streaming.webrtc.tracks import OpusChunkEncoder
+from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder
 
 
 def sine(index: int, hz: float = 440.0) -> np.ndarray:
@@ -63,3 +65,80 @@ def test_the_voice_comes_back_within_3_ms_of_codec_delay() -> None:
     onset = int(np.argmax(np.abs(pcm) > 0.1))
     delay_ms = (onset - 5 * CHUNK_SAMPLES) * 1000 / OUT_RATE
     assert 0 <= delay_ms <= 3.0, delay_ms
+
+
+class EveryChunk(OpusChunkEncoder):
+    """Encodes every chunk, silence too (what the encoder did before it skipped zeros)."""
+
+    def encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
+        return self._encode(chunk, index)
+
+
+def decode_all(packets: list[av.Packet[Any]]) -> np.ndarray:
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.sample_rate = OUT_RATE
+    decoder.layout = "mono"
+    out = []
+    for packet in packets:
+        for frame in decoder.decode(av.Packet(bytes(packet))):
+            samples = frame.to_ndarray().reshape(-1)
+            scale = 32768.0 if samples.dtype == np.int16 else 1.0
+            out.append(samples.astype(np.float64) / scale)
+    return np.concatenate(out)
+
+
+def silence_speech_silence(speech_48k: np.ndarray) -> list[np.ndarray]:
+    """2 s of zeros, the speech, 2 s of zeros, the speech again, 1 s of zeros: 20 ms chunks."""
+    zeros = np.zeros(OUT_RATE * 2, np.float32)
+    whole = np.concatenate((zeros, speech_48k, zeros, speech_48k, zeros[:OUT_RATE]))
+    whole = whole[: len(whole) // CHUNK_SAMPLES * CHUNK_SAMPLES]
+    return list(whole.reshape(-1, CHUNK_SAMPLES))
+
+
+def snr_db(signal: np.ndarray, error: np.ndarray) -> float:
+    return float(10 * np.log10(np.mean(signal**2) / np.mean(error**2)))
+
+
+def test_digital_silence_is_not_encoded_and_the_voice_is_unchanged(
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+) -> None:
+    speech, _ = speech_16k
+    speech_48k = resample_mono(speech[: 16000 * 2], 16000, OUT_RATE)
+    chunks = silence_speech_silence(speech_48k)
+    skipping, every = OpusChunkEncoder(), EveryChunk()
+    skipped = [skipping.encode(c, i) for i, c in enumerate(chunks)]
+    encoded = [every.encode(c, i) for i, c in enumerate(chunks)]
+    zero = np.array([not c.any() for c in chunks])
+    assert zero.sum() > 300
+    for i, packet in enumerate(skipped):
+        assert packet.pts == i * CHUNK_SAMPLES
+    # Most zero chunks are not encoded; those encoded are the codec's tail after sound.
+    assert skipping.chunks_encoded + skipping.chunks_silent == len(chunks)
+    assert skipping.chunks_silent > 0.8 * zero.sum()
+    assert skipping.chunks_encoded < (~zero).sum() + 0.2 * zero.sum()
+    # Every zero chunk is sent exactly as if each chunk were encoded: the tail after
+    # sound is encoded, and what follows it is the codec's own silence.
+    for packet, reference, is_zero in zip(skipped, encoded, zero, strict=True):
+        if is_zero:
+            assert bytes(packet) == bytes(reference)
+    # Speech after a skipped gap starts from a codec whose rate control did not see the
+    # gap: what is heard differs from encoding every chunk 10+ dB below the codec's own
+    # error (about 25 dB SNR against the original at 48 kbit/s).
+    heard, reference_pcm = decode_all(skipped), decode_all(encoded)
+    original = np.concatenate(chunks).astype(np.float64)
+    delay = 120  # 2.5 ms of "lowdelay" codec delay
+    codec_error = reference_pcm[delay:] - original[: len(reference_pcm) - delay]
+    assert snr_db(reference_pcm, heard - reference_pcm) > 30.0
+    assert snr_db(reference_pcm, heard - reference_pcm) > snr_db(original, codec_error) + 10.0
+    # And what is heard in the gaps is silence, as the codec made it.
+    for chunk in (np.flatnonzero(zero[1:] & zero[:-1]) + 1).tolist():
+        gap = slice(chunk * CHUNK_SAMPLES + delay, (chunk + 1) * CHUNK_SAMPLES + delay)
+        np.testing.assert_array_equal(heard[gap], reference_pcm[gap])
+
+
+def test_a_listening_call_encodes_no_audio() -> None:
+    encoder = OpusChunkEncoder()
+    packets = [encoder.encode(np.zeros(CHUNK_SAMPLES, np.float32), i) for i in range(500)]
+    assert encoder.chunks_encoded == 0
+    assert encoder.chunks_silent == 500
+    assert all(bytes(p) == SILENCE and p.pts == i * CHUNK_SAMPLES for i, p in enumerate(packets))

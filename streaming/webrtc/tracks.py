@@ -140,6 +140,15 @@ class OpusChunkEncoder:
     Packets are stamped with their chunk's place on the timeline (``index · 960`` in a
     1/48000 time base), which aiortc turns into the RTP timestamp as is. Mono: the SDP
     says ``opus/48000/2`` for every Opus stream, and decoders play mono packets.
+
+    Digital silence is not encoded once the codec has nothing left to send: zeros after
+    sound are encoded until libopus itself makes :data:`SILENCE` of them (its look-ahead
+    and post-filter tail are out, byte for byte as if every chunk were encoded); from
+    then on a chunk of zeros is :data:`SILENCE` stamped for its place, and a listening
+    call costs no encoder run (``chunks_encoded`` and ``chunks_silent`` count both). The
+    speech after such a gap starts from a codec that skipped the gap, so its first
+    packets differ in rate control from those of one that encoded it; what is heard
+    differs far less than the codec's own error (``tests/test_media_tracks.py``).
     """
 
     def __init__(self, bitrate: int = OPUS_BITRATE) -> None:
@@ -161,11 +170,30 @@ class OpusChunkEncoder:
         }
         codec.open()
         self._codec = codec
+        # A codec that has encoded nothing yet would start the first sound it is given
+        # ~40 ms late (its first frame has no energies to predict from): it encodes one
+        # frame of silence first, as it would have had no silence been skipped.
+        self.chunks_encoded = 0
+        self.chunks_silent = 0
+        #: What the codec made of its first 20 ms of zeros (:data:`SILENCE`).
+        self.silence_packet = bytes(self._encode(np.zeros(CHUNK_SAMPLES, np.float32), -1))
+        self.chunks_encoded = 0
+        self._settled = True  # the codec makes SILENCE of zeros: they need no encoding
 
     def encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
         """The Opus packet for chunk ``index`` (``CHUNK_SAMPLES`` float32 samples)."""
         if chunk.shape != (CHUNK_SAMPLES,):
             raise ValueError(f"an audio chunk is {CHUNK_SAMPLES} samples, got {chunk.shape}")
+        sound = bool(chunk.any())
+        if not sound and self._settled:
+            self.chunks_silent += 1
+            return stamped(SILENCE, index)
+        packet = self._encode(chunk, index)
+        self._settled = not sound and bytes(packet) == SILENCE
+        return packet
+
+    def _encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
+        self.chunks_encoded += 1
         frame = av.AudioFrame.from_ndarray(
             np.ascontiguousarray(chunk, dtype=np.float32)[None, :], format="flt", layout="mono"
         )
@@ -187,8 +215,9 @@ def stamped(payload: bytes, index: int) -> av.Packet[Any]:
 
 
 #: One 20 ms Opus frame of silence, what a chunk that must not be heard is replaced by
-#: (any valid Opus packet decodes whatever came before it).
-SILENCE = bytes(OpusChunkEncoder().encode(np.zeros(CHUNK_SAMPLES, dtype=np.float32), 0))
+#: (any valid Opus packet decodes whatever came before it), and what digital silence is
+#: sent as: what libopus makes of 20 ms of zeros, with this module's settings.
+SILENCE = OpusChunkEncoder().silence_packet
 
 
 class AvatarAudioTrack(MediaStreamTrack):
