@@ -1,12 +1,18 @@
 """One listening call, profiled end to end: where its CPU goes while the avatar is silent.
 
-    .venv/bin/python -m benchmarks.listening_profile [--seconds 20] [--speaking]
+    .venv/bin/python -m benchmarks.listening_profile [--seconds 20] [--caller mic|none]
+    .venv/bin/python -m benchmarks.listening_profile --speaking
     .venv/bin/python -m benchmarks.listening_profile --ab BASE CANDIDATE [--rounds 3]
 
 A real server runs in this process (:func:`benchmarks.live_server.live_server`, the demo
 avatar at 1280×720) and one call is placed by the load client in another process
-(``benchmarks.webrtc_load``), whose microphone sends digital silence (``--speaking``:
-the bundled speech, the speaking reference). Over a window of steady state it reads:
+(``benchmarks.webrtc_load``). Its caller is silent: ``--caller mic`` (the default) sends
+a silent WAV as its microphone, which reaches the server as Opus (decoded, not quite
+digital zeros); ``--caller none`` sends no microphone, and the client pushes digital
+silence over HTTP instead, as a call nobody speaks into. ``--speaking`` sends the
+bundled speech as the microphone: the speaking reference. The window starts once the
+avatar's shared idle loops are built (their thread has been idle for a second), and
+reads:
 
 * the server process's CPU per video frame sent (``/proc/self/stat``);
 * the CPU of each of its threads (``/proc/self/task/*/stat``), grouped by the Python
@@ -20,9 +26,10 @@ the bundled speech, the speaking reference). Over a window of steady state it re
 * the stages of the timeline's job and the others a call runs
   (:func:`benchmarks.live_cpu.stage_cpu`), with their calls per frame.
 
-``--ab BASE CANDIDATE`` runs this profile in a worktree of each commit, alternating the
-order every round, and prints each tree's median per row (on a noisy 2-core VM, compare
-the ratio inside one run, not figures an hour apart). Not a test.
+``--ab BASE CANDIDATE`` runs this profile (this file, copied into each tree) in a
+worktree of each commit, alternating the order every round, and prints each tree's
+median per row (on a noisy 2-core VM, compare the ratio inside one run, not figures an
+hour apart). Not a test.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,7 +59,6 @@ from benchmarks.ab import _checkout
 from benchmarks.common import Result, print_table
 from benchmarks.live_cpu import Patch, live_stages, stage_cpu
 from benchmarks.live_server import (
-    client_result,
     cpu_seconds,
     live_server,
     start_load,
@@ -62,6 +69,9 @@ from inference_core.assets.demo_avatar import write_demo_avatar
 
 SIZE = (1280, 720)
 WARM_UP_S = 3.0
+#: The thread that builds shared idle loops in the background (issue 26): the window
+#: starts once it has been idle for a second.
+BUILDER_THREAD = "lipstream-idle-loops"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -108,6 +118,42 @@ def thread_delta(
         groups[label] += cpu - before.get(tid, (label, 0.0))[1]
     groups["threads gone"] = process_s - sum(groups.values())
     return dict(groups)
+
+
+async def background_settled(label: str = BUILDER_THREAD, timeout_s: float = 240.0) -> float:
+    """Wait until the threads named ``label`` used under 10 ms of CPU in a second (at
+    once if there are none); the seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        before = sum(cpu for name, cpu in thread_cpu().values() if name == label)
+        await asyncio.sleep(1.0)
+        if sum(cpu for name, cpu in thread_cpu().values() if name == label) - before < 0.01:
+            break
+    return time.monotonic() - start
+
+
+@contextmanager
+def chunk_levels() -> Iterator[dict[str, float]]:
+    """The timeline's chunks while open: how many, how many were digital silence, and
+    the largest sample."""
+    from streaming.live.mixer import AudioMixer
+
+    seen = {"chunks": 0.0, "zero": 0.0, "peak": 0.0}
+    original = AudioMixer.next_chunk
+
+    def next_chunk(mixer: AudioMixer) -> np.ndarray:
+        chunk = original(mixer)
+        peak = float(np.abs(chunk).max())
+        seen["chunks"] += 1
+        seen["zero"] += peak == 0.0
+        seen["peak"] = max(seen["peak"], peak)
+        return chunk
+
+    AudioMixer.next_chunk = next_chunk  # type: ignore[method-assign, assignment]
+    try:
+        yield seen
+    finally:
+        AudioMixer.next_chunk = original  # type: ignore[method-assign]
 
 
 # -- per loop callback ----------------------------------------------------------------------
@@ -179,19 +225,28 @@ def listening_stages() -> list[Patch]:
 # -- one run ---------------------------------------------------------------------------------
 
 
-async def _profile(root: Path, seconds: float, speaking: bool) -> Result:
-    caller = root / "caller.wav"
+async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> Result:
+    audio = root / "caller.wav"
+    settle_s = 240.0  # the load client keeps its call this much longer
     if speaking:
-        write_speech(caller, seconds + 20)
+        write_speech(audio, seconds + settle_s + 20)
     else:
-        write_silence(caller, seconds + 20)
+        write_silence(audio, seconds + settle_s + 20)
     async with live_server(root) as (app, url):
-        client = await start_load(url, calls=1, seconds=seconds, speech=caller, microphone=True)
+        client = await start_load(
+            url,
+            calls=1,
+            seconds=seconds + settle_s,
+            speech=audio,
+            microphone=speaking or caller == "mic",
+        )
         (session,) = await wait_for_calls(app, 1, lambda s: s.frames_sent > 0)
         await asyncio.sleep(WARM_UP_S)
+        waited = await background_settled(timeout_s=settle_s - seconds)
         stage_calls: defaultdict[str, int] = defaultdict(int)
         sent0, inferred0 = session.frames_sent, session.stats.frames_inferred
         with (
+            chunk_levels() as levels,
             stage_cpu(listening_stages(), stage_calls) as stages,
             loop_callbacks() as (callbacks, callback_calls),
         ):
@@ -202,8 +257,9 @@ async def _profile(root: Path, seconds: float, speaking: bool) -> Result:
             loop_s, loop_n = dict(callbacks), dict(callback_calls)
         frames = session.frames_sent - sent0
         inferred = session.stats.frames_inferred - inferred0
-        out, _ = await client.communicate()
-        client_result(out, client.returncode)
+        if client.returncode is None:  # it would hold the call for the rest of its time
+            client.terminate()
+        await client.wait()
     cpu = cpu1 - cpu0
     threads = thread_delta(threads0, threads1, cpu)
     loop_thread = threads.get("event loop (main)", 0.0)
@@ -215,6 +271,10 @@ async def _profile(root: Path, seconds: float, speaking: bool) -> Result:
 
     return {
         "mode": "speaking" if speaking else "listening",
+        "caller": "speech (microphone)" if speaking else f"silent ({caller})",
+        "settle_s": waited,
+        "chunks_zero_share": levels["zero"] / max(levels["chunks"], 1.0),
+        "chunks_peak": levels["peak"],
         "window_s": t1 - t0,
         "frames_sent": frames,
         "fps": frames / (t1 - t0),
@@ -228,21 +288,30 @@ async def _profile(root: Path, seconds: float, speaking: bool) -> Result:
     }
 
 
-def profile(seconds: float = 20.0, speaking: bool = False) -> Result:
+def profile(seconds: float = 20.0, speaking: bool = False, caller: str = "mic") -> Result:
     """One call's profile (see the module doc)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_demo_avatar(root / "avatars" / "demo", size=SIZE)
-        return asyncio.run(_profile(root, seconds, speaking))
+        return asyncio.run(_profile(root, seconds, speaking, caller))
 
 
 def print_profile(result: Result, top: int = 14) -> None:
     """The profile as tables."""
     print_table(
         f"One {result['mode']} 720p call, {result['window_s']:.0f} s window",
-        ["frames sent", "fps", "inferred / sent", "server CPU ms / frame"],
+        [
+            "caller",
+            "chunks of digital silence",
+            "frames sent",
+            "fps",
+            "inferred / sent",
+            "server CPU ms / frame",
+        ],
         [
             [
+                result["caller"],
+                f"{100 * result['chunks_zero_share']:.0f}%",
                 result["frames_sent"],
                 result["fps"],
                 f"{100 * result['inferred_share']:.0f}%",
@@ -272,16 +341,18 @@ def print_profile(result: Result, top: int = 14) -> None:
 # -- A/B ---------------------------------------------------------------------------------------
 
 
-def _run_in(tree: Path, seconds: float, speaking: bool, out: Path) -> Result:
+def _run_in(tree: Path, seconds: float, speaking: bool, caller: str, out: Path) -> Result:
     command = [sys.executable, "-m", "benchmarks.listening_profile", "--seconds", str(seconds)]
-    command += ["--json", str(out), *(["--speaking"] if speaking else [])]
+    command += ["--json", str(out), "--caller", caller, *(["--speaking"] if speaking else [])]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     result: Result = json.loads(out.read_text())
     return result
 
 
-def ab(base: str, candidate: str, rounds: int, seconds: float, speaking: bool) -> Result:
+def ab(
+    base: str, candidate: str, rounds: int, seconds: float, speaking: bool, caller: str
+) -> Result:
     """This profile on two commits in alternating rounds; each row's median per tree."""
     runs: dict[str, list[Result]] = {"before": [], "after": []}
     with (
@@ -290,12 +361,23 @@ def ab(base: str, candidate: str, rounds: int, seconds: float, speaking: bool) -
         tempfile.TemporaryDirectory() as tmp,
     ):
         trees = [("before", before), ("after", after)]
+        for tree in (before, after):  # the same profile measures both
+            shutil.copy(Path(__file__), tree / "benchmarks" / "listening_profile.py")
         for r in range(rounds):
             for name, tree in trees if r % 2 == 0 else trees[::-1]:
-                runs[name].append(_run_in(tree, seconds, speaking, Path(tmp) / "out.json"))
+                out = Path(tmp) / "out.json"
+                runs[name].append(_run_in(tree, seconds, speaking, caller, out))
     for table in ("threads_ms", "callbacks_ms", "stages_ms", "stages_per_frame"):
         _print_ab(table, runs, _rows(table))
-    _print_ab("summary", runs, lambda r: {"server CPU ms / frame": r["server_ms_per_frame"]})
+    _print_ab(
+        "summary",
+        runs,
+        lambda r: {
+            "server CPU ms / frame": r["server_ms_per_frame"],
+            "chunks of digital silence": r["chunks_zero_share"],
+            "fps": r["fps"],
+        },
+    )
     return {"base": base, "candidate": candidate, "runs": runs}
 
 
@@ -332,15 +414,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--speaking", action="store_true", help="the caller speaks")
+    parser.add_argument("--caller", choices=["mic", "none"], default="mic")
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--ab", nargs=2, metavar=("BASE", "CANDIDATE"))
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.ab:
         base, candidate = args.ab
-        result = ab(base, candidate, args.rounds, args.seconds, args.speaking)
+        result = ab(base, candidate, args.rounds, args.seconds, args.speaking, args.caller)
     else:
-        result = profile(args.seconds, args.speaking)
+        result = profile(args.seconds, args.speaking, args.caller)
         print_profile(result)
     if args.json:
         args.json.write_text(json.dumps(result))
