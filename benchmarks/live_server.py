@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import wave
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,20 +108,28 @@ async def start_load(
     calls: int,
     seconds: float,
     speech: Path,
-    avatar: str = "demo",
+    avatar: str | Sequence[str] = "demo",
     microphone: bool = False,
     cpus: set[int] | None = None,
+    pattern: tuple[float, float] | None = None,
+    seed: int = 0,
+    timeline: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start the load client (``benchmarks.webrtc_load``): ``calls`` calls speaking
     ``speech``, pushed over HTTP or (``microphone``) as each call's microphone; on
-    ``cpus`` only, when given."""
+    ``cpus`` only, when given. Several avatars take the calls in turn; a ``pattern``
+    (speak, listen seconds; phases from ``seed``) makes each microphone a conversation;
+    ``timeline`` asks for frame arrival times and bytes samples."""
+    avatars = [avatar] if isinstance(avatar, str) else list(avatar)
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "benchmarks.webrtc_load",
         *("--url", url, "--calls", str(calls), "--seconds", str(seconds)),
-        *("--speech", str(speech), "--avatar", avatar),
+        *("--speech", str(speech), "--avatar", *avatars),
         *(("--microphone",) if microphone else ()),
+        *(("--pattern", *map(str, pattern), "--seed", str(seed)) if pattern else ()),
+        *(("--timeline",) if timeline else ()),
         stdout=asyncio.subprocess.PIPE,
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )

@@ -4,7 +4,8 @@
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
 frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
-margin, cluster, voice_agent, gpu (CUDA only: elsewhere it says why it measured nothing).
+margin, cluster, voice_agent, conversation, gpu (CUDA only: elsewhere it says why it
+measured nothing).
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
 depend on the machine and its load: compare figures from one run.
 """
@@ -32,6 +33,7 @@ BENCHMARKS = (
     "margin",
     "cluster",
     "voice_agent",
+    "conversation",
     "gpu",
 )
 

@@ -117,7 +117,9 @@ async def _until(condition: Callable[[], object], timeout_s: float = 30.0) -> No
         await asyncio.sleep(0.01)
 
 
-async def _measure(root: Path, utterances: int) -> Result:
+async def measure(root: Path, utterances: int, settings: dict[str, object] | None = None) -> Result:
+    """``utterances`` streamed and pushed utterances and as many barge-ins, on a server
+    with ``settings`` (e.g. ``{"video": {"shared_idle": False}}``) over the defaults."""
     log = FrameLog()
     phrases = [await _speech(text) for text in PHRASES]
     long = await _speech(LONG)
@@ -125,7 +127,7 @@ async def _measure(root: Path, utterances: int) -> Result:
     onset_ms: dict[str, list[float]] = {"stream": [], "push": []}
     event_ms: list[float] = []
     barge_ms: list[float] = []
-    async with live_server(root) as (app, url):
+    async with live_server(root, settings) as (app, url):
         app[SESSIONS].on_frame_sent = log.lip_synced_sent
         async with await connect(url, "demo") as call:
             session = app[SESSIONS].get(call.session_id)
@@ -202,7 +204,7 @@ async def _measure(root: Path, utterances: int) -> Result:
 def run(quick: bool = False) -> Result:
     utterances = 6 if quick else 20
     with tempfile.TemporaryDirectory() as tmp:
-        measured = asyncio.run(_measure(Path(tmp), utterances))
+        measured = asyncio.run(measure(Path(tmp), utterances))
     lookahead = measured["lookahead_ms"]
     rows = []
     for label, values in (
