@@ -230,8 +230,10 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
     settle_s = 240.0  # the load client keeps its call this much longer
     if speaking:
         write_speech(audio, seconds + settle_s + 20)
-    else:
+    elif caller == "mic":
         write_silence(audio, seconds + settle_s + 20)
+    else:  # pushed once: a second of zeros, then nothing (the timeline fills in zeros)
+        write_silence(audio, 1.0)
     async with live_server(root) as (app, url):
         client = await start_load(
             url,
@@ -260,6 +262,8 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
         if client.returncode is None:  # it would hold the call for the rest of its time
             client.terminate()
         await client.wait()
+    if frames == 0:
+        raise RuntimeError("no frame was sent in the window: see the load client's error")
     cpu = cpu1 - cpu0
     threads = thread_delta(threads0, threads1, cpu)
     loop_thread = threads.get("event loop (main)", 0.0)
