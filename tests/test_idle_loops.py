@@ -103,7 +103,12 @@ def test_a_loop_decodes_from_every_keyframe_through_its_wrap() -> None:
     # frame n of any call is position n % length, stamped with the call's own time
     packet = loop.packet(37, FPS)
     assert packet.pts == 37 * 3600
-    assert packet.opaque is loop.payloads[37 % 16]
+    assert packet.opaque == list(loop.payloads[37 % 16])
+    # Two calls sending one position: freeing one's packet must leave the other's
+    # payloads (PyAV drops an ``opaque`` object shared by a freed packet).
+    other = loop.packet(37 + 16, FPS)
+    del packet
+    assert other.opaque == list(loop.payloads[37 % 16])
     assert loop.nbytes == sum(len(p) for frame in loop.payloads for p in frame)
 
 
@@ -222,7 +227,7 @@ class _Call:
         else:
             shared = self.sharing.idle(index, self.encoder)
         if shared is not None:
-            self.sent.append((index, cast(tuple[bytes, ...], shared.opaque), face, True))
+            self.sent.append((index, cast(list[bytes], shared.opaque), face, True))
             return
         packet = self.encoder.encode_packet(video_frame(_image(index, face), index, FPS))
         self.sent.append((index, cast(list[bytes], packet.opaque), face, False))

@@ -103,7 +103,10 @@ class EncodedLoop:
         packet = av.Packet(b"")
         packet.pts = index * _VIDEO_CLOCK // fps
         packet.time_base = TIME_BASE
-        packet.opaque = self.payloads[index % len(self.payloads)]
+        # A list of its own: PyAV keeps ``opaque`` by the object's identity and drops it
+        # when any packet holding that object is freed, so two calls (or two rounds of
+        # the loop) handed the same tuple would lose each other's payloads.
+        packet.opaque = list(self.payloads[index % len(self.payloads)])
         return packet
 
 

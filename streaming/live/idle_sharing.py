@@ -22,6 +22,7 @@ Frames are decided in the order they are sent, one call at a time, on the event 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,6 +32,8 @@ import av
 from streaming.idle_loops.cache import FrameSource, IdleLoopCache
 from streaming.idle_loops.loop import EncodedLoop, LoopKey
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
+
+logger = logging.getLogger(__name__)
 
 
 class IdleSharing:
@@ -85,6 +88,7 @@ class IdleSharing:
         if wanted != loop.key:
             other = self._loops.get(wanted, self._frames)
             if other is not None and other.is_keyframe(index % other.length):
+                logger.debug("frame %d moves to bitrate %d", index, other.key.bitrate)
                 loop = self._loop = other
         if loop.is_keyframe(index % loop.length):
             encoder.take_keyframe_request()  # a shared IDR answers a PLI as well
@@ -105,9 +109,11 @@ class IdleSharing:
             return None
         self._loop = loop
         encoder.take_keyframe_request()
+        logger.debug("frame %d joins the shared loop (bitrate %d)", index, loop.key.bitrate)
         return loop.packet(index, self._fps)
 
     def _leave(self, index: int, encoder: LipstreamH264Encoder) -> None:
+        logger.debug("frame %d leaves the shared loop", index)
         self._loop = None
         self._left_at = index
         encoder.request_keyframe()

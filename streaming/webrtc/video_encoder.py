@@ -108,9 +108,9 @@ class LipstreamH264Encoder(H264Encoder):
         """RTP payloads and timestamp of ``packet``: as made by :meth:`encode_packet`, or
         aiortc's packetizer for a packet of H.264 bytes."""
         payloads = packet.opaque
-        if isinstance(payloads, list | tuple):  # a tuple: a shared idle loop's, as it is
+        if isinstance(payloads, list):
             assert packet.pts is not None
-            return payloads, packet.pts  # type: ignore[return-value]
+            return payloads, packet.pts
         return super().pack(packet)
 
     @property
