@@ -324,3 +324,32 @@ async def test_pushed_and_streamed_tones_reach_the_caller_full_band(
     finally:
         await heard.stop()
         await call.hang_up()
+
+
+@pytest.mark.parametrize(("src", "dst"), [(48_000, 16_000), (44_100, 16_000), (16_000, 48_000)])
+def test_silence_after_silence_is_not_resampled_and_changes_nothing(src: int, dst: int) -> None:
+    """A listening call's zero chunks skip FFmpeg once the filter holds only zeros: the
+    output is the same, sample for sample, as resampling every chunk."""
+    rng = np.random.default_rng(3)
+    chunk = src // 50  # 20 ms
+
+    def noise(seconds: float) -> np.ndarray:
+        return rng.normal(0, 0.1, int(src * seconds)).astype(np.float32)
+
+    def zeros(seconds: float) -> np.ndarray:
+        return np.zeros(int(src * seconds), dtype=np.float32)
+
+    signal = np.concatenate([noise(1), zeros(2), noise(0.5), zeros(1), noise(0.1)])
+    skipping, every = MonoResampler(src, dst), MonoResampler(src, dst)
+    out_skipping, out_every = [], []
+    for start in range(0, len(signal), chunk):
+        piece = signal[start : start + chunk]
+        out_skipping.append(skipping.push(piece))
+        every._quiet = False  # never skips
+        out_every.append(every.push(piece))
+    assert np.array_equal(np.concatenate(out_skipping), np.concatenate(out_every))
+    assert every.skipped == 0
+    if chunk * dst % src == 0:  # a ratio that divides the chunk: most zero chunks skip
+        assert skipping.skipped >= 0.9 * (3 * 50) - 10
+    else:
+        assert skipping.skipped == 0

@@ -11,6 +11,11 @@ class MonoResampler:
 
     Keeps FFmpeg's filter state between chunks, so a stream resampled chunk by chunk has
     no seams. The output lags the input by the filter's few-sample delay until flushed.
+
+    Digital silence after digital silence is not resampled: once a chunk of zeros came
+    out as zeros, the filter holds nothing but zeros, so the next chunk of zeros (of a
+    length the ratio divides) comes out as zeros of its exact length without FFmpeg, and
+    leaves the filter as it was (a listening call's 20 ms chunks, issue 26).
     """
 
     def __init__(self, src_rate: int, dst_rate: int) -> None:
@@ -18,11 +23,23 @@ class MonoResampler:
         self.dst_rate = dst_rate
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=dst_rate)
         self._pts = 0
+        self._quiet = False  # the last chunk was zeros in and zeros out
+        self.skipped = 0  # chunks of silence not handed to FFmpeg
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         """Resample the next chunk; returns whatever output is ready (maybe empty)."""
         if len(samples) == 0:
             return np.zeros(0, dtype=np.float32)
+        silent = not np.any(samples)
+        out_len, rest = divmod(len(samples) * self.dst_rate, self.src_rate)
+        if silent and self._quiet and rest == 0:
+            self.skipped += 1
+            return np.zeros(out_len, dtype=np.float32)
+        out = self._resample(samples)
+        self._quiet = silent and rest == 0 and len(out) == out_len and not np.any(out)
+        return out
+
+    def _resample(self, samples: np.ndarray) -> np.ndarray:
         frame = av.AudioFrame.from_ndarray(
             np.ascontiguousarray(samples, dtype=np.float32)[None, :], format="flt", layout="mono"
         )
