@@ -20,9 +20,9 @@ from inference_core.features.stream import (
     SILENCE_DB,
     AudioFeatureStream,
     FrameAudio,
-    lookahead_ms,
     offline_features,
 )
+from inference_core.features.timing import lookahead_ms
 
 Speech = tuple[np.ndarray, list[tuple[float, float]]]
 SR = 16000

@@ -15,7 +15,8 @@ import pytest
 
 from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.encoder import AudioEncoder
-from inference_core.features.stream import NO_FEATURES, AudioFeatureStream, FrameAudio, lookahead_ms
+from inference_core.features.stream import NO_FEATURES, AudioFeatureStream, FrameAudio
+from inference_core.features.timing import lookahead_ms
 from streaming.audio_in.resample import MonoResampler
 from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.mel import FEATURE_RATE, MelConfig, StreamingMel, melspectrogram
-from inference_core.features.stream import (
-    AudioFeatureStream,
-    FrameAudio,
-    lookahead_ms,
-    offline_features,
-)
+from inference_core.features.stream import AudioFeatureStream, FrameAudio, offline_features
+from inference_core.features.timing import lookahead_ms
 
 __all__ = [
     "FEATURE_RATE",

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from config.settings import Settings
-from inference_core.features.stream import FeatureKind, lookahead_ms
+from inference_core.features.timing import FeatureKind, lookahead_ms
 from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 

@@ -25,7 +25,8 @@ from compositor.sequencer import FrameSequencer
 from inference_core.adapter.lipsync import LipSyncAdapter
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
-from inference_core.features.stream import FrameAudio, lookahead_ms, offline_features
+from inference_core.features.stream import FrameAudio, offline_features
+from inference_core.features.timing import lookahead_ms
 from streaming.audio_in.decode import DecodedAudio, decode_audio
 from streaming.audio_rates import FEATURE_RATE
 from streaming.frame_pipeline import FramePipeline
