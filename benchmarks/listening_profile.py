@@ -345,6 +345,16 @@ def print_profile(result: Result, top: int = 14) -> None:
 # -- A/B ---------------------------------------------------------------------------------------
 
 
+#: What the profile runs on, copied into both trees of an A/B (benchmarks only).
+_PROFILE_FILES = (
+    "listening_profile.py",
+    "live_cpu.py",
+    "live_server.py",
+    "webrtc_load.py",
+    "common.py",
+)
+
+
 def _run_in(tree: Path, seconds: float, speaking: bool, caller: str, out: Path) -> Result:
     command = [sys.executable, "-m", "benchmarks.listening_profile", "--seconds", str(seconds)]
     command += ["--json", str(out), "--caller", caller, *(["--speaking"] if speaking else [])]
@@ -365,8 +375,10 @@ def ab(
         tempfile.TemporaryDirectory() as tmp,
     ):
         trees = [("before", before), ("after", after)]
-        for tree in (before, after):  # the same profile measures both
-            shutil.copy(Path(__file__), tree / "benchmarks" / "listening_profile.py")
+        here = Path(__file__).parent
+        for tree in (before, after):  # the same profile and load client measure both
+            for name in _PROFILE_FILES:
+                shutil.copy(here / name, tree / "benchmarks" / name)
         for r in range(rounds):
             for name, tree in trees if r % 2 == 0 else trees[::-1]:
                 out = Path(tmp) / "out.json"
