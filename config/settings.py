@@ -338,6 +338,7 @@ class VideoSettings(_Section):
         "slower",
         "veryslow",
     ] = "veryfast"
+    idle_constant_quality: bool = True
     idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25), min_length=1)
 
     @field_validator("idle_bitrate_rungs")

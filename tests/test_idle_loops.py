@@ -121,6 +121,24 @@ def test_a_loop_has_the_live_streams_parameter_sets() -> None:
         live, live.bitrate
     )
     assert loop_config(_key(live, preset="medium")).preset == live.preset
+    # constant quality: CRF 26, the one whose PPS equals a bitrate-controlled stream's
+    quality = loop_config(_key(live, constant_quality=True))
+    assert quality.crf == 26
+    assert parameter_sets(quality, live.bitrate) == parameter_sets(live, live.bitrate)
+    assert loop_config(_key(live, constant_quality=True, preset="medium")).crf is None
+
+
+def test_a_constant_quality_loop_spends_no_more_than_its_rung() -> None:
+    """Capped at the rung's bitrate, and fewer bytes where the picture allows; it still
+    decodes to the pictures it must show."""
+    at_bitrate = encode_loop(_key(), _frame)
+    quality = encode_loop(_key(constant_quality=True), _frame)
+    assert quality.crf == 26
+    assert quality.keyframes == at_bitrate.keyframes
+    assert quality.nbytes < at_bitrate.nbytes
+    pictures = _decode(list(quality.payloads))
+    for p, picture in enumerate(pictures):
+        assert _psnr(picture, _frame(bounce_index(p, COUNT))) > MIN_PSNR_DB
 
 
 def test_carries_idr_reads_single_stap_a_and_fu_a_payloads() -> None:

@@ -166,13 +166,15 @@ class IdleLoopCache:
         self._bytes += size
         self._built += 1
         logger.info(
-            "idle loop built: avatar=%s bitrate=%d frames=%d keyframes=%d bytes=%d preset=%s",
+            "idle loop built: avatar=%s bitrate=%d frames=%d keyframes=%d bytes=%d preset=%s "
+            "crf=%s",
             key.avatar_id,
             key.bitrate,
             loop.length,
             len(loop.keyframes),
             size,
             loop.preset,
+            loop.crf,
         )
 
     def _drop(self, key: LoopKey) -> None:

@@ -228,6 +228,7 @@ def _idle_sharing(
         keyframe_every=max(1, round(video.idle_keyframe_interval_s * fps)),
         preset=video.idle_preset,
         frame_count=package.frame_count,
+        constant_quality=video.idle_constant_quality,
     )
     return IdleSharing(
         shared.idle_loops, rung_keys(base, video.idle_bitrate_rungs), frames.get, fps

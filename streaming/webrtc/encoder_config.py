@@ -113,6 +113,9 @@ class EncoderConfig:
     level: str
     profile: str = "baseline"
     threads: int = 1
+    #: libx264 only: constant quality (CRF) capped at the bitrate, instead of the bitrate
+    #: itself (the shared idle loops, ``docs/architecture.md`` §16); None = the bitrate.
+    crf: float | None = None
 
     def __post_init__(self) -> None:
         if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
@@ -205,6 +208,8 @@ class EncoderConfig:
             # sliced with zerolatency) would start dozens of threads per call.
             "threads": str(self.threads),
         }
+        if self.crf is not None:
+            options["crf"] = str(self.crf)
         if self.preset == "ultrafast":
             # x264's ultrafast also turns the deblocking filter off, which shows as
             # blocks when REMB lowers the bitrate; keeping it costs little (720p at
