@@ -176,8 +176,41 @@ async def test_a_real_opus_call_is_decoded_by_the_buffer(loopback: None) -> None
         await server.setLocalDescription(await server.createAnswer())
         await caller.setRemoteDescription(server.localDescription)
         await asyncio.wait_for(enough.wait(), 30)
-        assert buffer.decoded >= 10
+        # aiortc's AudioStreamTrack is digital silence: decoded until the decoder is at
+        # rest on its silence packet, then taken as zeros without decoding
+        assert buffer.decoded >= 2
+        assert buffer.decoded + buffer.silent >= 10
         assert all(h.shape == (CHUNK_SAMPLES,) for h in heard)
     finally:
         await caller.close()
         await server.close()
+
+
+def test_repeated_silence_is_not_decoded_and_changes_nothing() -> None:
+    """A caller's digital silence (one small payload over and over) skips the decoder
+    once it is at rest on it: what is heard is the same, sample for sample."""
+    encoder = OpusChunkEncoder()
+    t = np.arange(OUT_RATE) / OUT_RATE
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    silence = np.zeros(OUT_RATE, dtype=np.float32)
+    signal = np.concatenate([tone, silence, silence, tone[: OUT_RATE // 2], silence, tone])
+    packets = []
+    for i in range(len(signal) // CHUNK_SAMPLES):
+        p = RtpPacket(payload_type=111, sequence_number=i, timestamp=960 * i)
+        chunk = signal[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+        p._data = bytes(encoder.encode(chunk, i))  # type: ignore[attr-defined]
+        packets.append(p)
+    skipping_heard: list[np.ndarray] = []
+    decoding_heard: list[np.ndarray] = []
+    skipping = ArrivalOrderAudioBuffer(skipping_heard.append, opus_payload_types=[111])
+    decoding = ArrivalOrderAudioBuffer(decoding_heard.append, opus_payload_types=[111])
+    for p in packets:
+        skipping.add(p)
+        decoding.add(p)
+        decoding._at_rest = None  # decodes every packet
+    assert np.array_equal(np.concatenate(skipping_heard), np.concatenate(decoding_heard))
+    assert decoding.silent == 0
+    # 3 s of silence, 50 packets a second; libopus takes a few hundred ms after sound to
+    # settle on its one silence packet
+    assert skipping.silent >= 0.5 * 150
+    assert skipping.decoded + skipping.silent == len(packets)

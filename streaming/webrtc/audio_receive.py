@@ -21,6 +21,11 @@ posts every frame back with ``run_coroutine_threadsafe`` (a future and a task pe
 to the remote track, whose consumer then resamples it to mono on the loop: two thread
 hand-offs, three task wake-ups and a resampler per packet, for work the loop can do in
 50 µs (``docs/architecture.md`` §2). Packets of other codecs go aiortc's way.
+
+A caller that sends digital silence (a muted microphone, an app's text-to-speech track
+between utterances) sends the same small Opus packet over and over. Once that payload
+has decoded to zeros twice running, the decoder is at rest on it: the same payload again
+is zeros of the same length without decoding (a listening call, issue 26).
 """
 
 from __future__ import annotations
@@ -71,6 +76,9 @@ class ArrivalOrderAudioBuffer:
         self.dropped = 0  # reordered or repeated packets
         self.decoded = 0
         self.undecodable = 0
+        self.silent = 0  # packets taken as silence without decoding
+        self._zeros_from: bytes | None = None  # the payload that last decoded to zeros
+        self._at_rest: tuple[bytes, int] | None = None  # ... twice running: its samples
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """The frame to decode for ``packet`` (its depayloaded data), or None to drop it.
@@ -105,6 +113,12 @@ class ArrivalOrderAudioBuffer:
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
 
     def _decode(self, data: bytes) -> None:
+        assert self._decode_into is not None
+        if self._at_rest is not None and data == self._at_rest[0]:
+            self.silent += 1
+            self._decode_into(np.zeros(self._at_rest[1], dtype=np.float32))
+            return
+        self._at_rest = None
         if self._decoder is None:
             decoder = av.CodecContext.create("libopus", "r")
             decoder.sample_rate = OUT_RATE
@@ -116,10 +130,18 @@ class ArrivalOrderAudioBuffer:
             self.undecodable += 1
             logger.debug("undecodable Opus packet from the caller: %s", exc)
             return
-        assert self._decode_into is not None
+        count, zeros = 0, True
         for frame in frames:
             samples = frame.to_ndarray().reshape(-1)
             if samples.dtype == np.int16:  # libopus decodes to s16 whatever is asked
                 samples = samples.astype(np.float32) * _S16_SCALE
             self.decoded += 1
+            count += len(samples)
+            zeros = zeros and not np.any(samples)
             self._decode_into(samples.astype(np.float32, copy=False))
+        if not (zeros and count):
+            self._zeros_from = None
+        elif data == self._zeros_from:
+            self._at_rest = (data, count)
+        else:
+            self._zeros_from = data
