@@ -307,37 +307,23 @@ class AudioSettings(_Section):
     blend_frames: int = Field(default=3, ge=0)
 
 
+#: libx264's presets, fastest first (NVENC maps each to one of its own).
+X264Preset = Literal[
+    "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"
+]
+
+
 class VideoSettings(_Section):
     """H.264 encoding of the outgoing avatar video."""
 
     encoder: Literal["auto", "libx264", "h264_nvenc"] = "auto"
-    preset: Literal[
-        "ultrafast",
-        "superfast",
-        "veryfast",
-        "faster",
-        "fast",
-        "medium",
-        "slow",
-        "slower",
-        "veryslow",
-    ] = "ultrafast"
+    preset: X264Preset = "ultrafast"
     bitrate_kbps: int | None = Field(default=None, ge=100)
     keyframe_interval_s: float = Field(default=2.0, gt=0)
     encoder_threads: int = Field(default=1, ge=0, le=64)
     shared_idle: bool = True
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
-    idle_preset: Literal[
-        "ultrafast",
-        "superfast",
-        "veryfast",
-        "faster",
-        "fast",
-        "medium",
-        "slow",
-        "slower",
-        "veryslow",
-    ] = "veryfast"
+    idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True
     idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25), min_length=1)
 

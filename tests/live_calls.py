@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestClient
 
 T = TypeVar("T")
 
@@ -92,3 +94,13 @@ def assert_lip_synced(state: Mapping[str, Any], *, due_at_least: float) -> None:
     assert state["frames_inferred"] > 0, f"no frame carried lip-sync: {dict(state)}"
     faults = {r: n for r, n in state["frames_dropped"].items() if r not in LATENESS}
     assert not faults, f"frames dropped for something other than lateness: {faults}"
+
+
+async def session_state(
+    client: TestClient[Any, Any] | ClientSession, session_id: str
+) -> dict[str, Any]:
+    """``GET /sessions/{id}``'s JSON (the test fails if it is not 200)."""
+    response = await client.get(f"/sessions/{session_id}")
+    assert response.status == 200, await response.text()
+    state: dict[str, Any] = await response.json()
+    return state

@@ -12,31 +12,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from benchmarks.chromium import CHROMIUM, caller_page
 from config.settings import Settings
-from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
-from tests.media import require_espeak, write_wav
+from tests.browser_page import browser_page
+from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.media import require_espeak
 from web.app import build_app
 from web.app_keys import SESSIONS, SETTINGS
 from web.session_tokens import mint_token
 
-try:
-    from playwright.async_api import Error, Page
-except ImportError as exc:  # the `page` fixture fails every test with the install command
-    PLAYWRIGHT_MISSING: ImportError | None = exc
-else:
-    PLAYWRIGHT_MISSING = None
+if TYPE_CHECKING:
+    from playwright.async_api import Page
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_MS = round(TIMEOUT_S * 1000)
 JWT_SECRET = "browser-client-test-secret-0123456789"
 
 # The page's own script: the module, imported across origins, and what the tests read.
@@ -114,21 +108,8 @@ async def server(
 @pytest.fixture
 async def page(tmp_path: Path, app_origin: str) -> AsyncIterator[Page]:
     """The app's page in a fresh headless Chromium; fails the test on any uncaught JS error."""
-    if PLAYWRIGHT_MISSING is not None:
-        pytest.fail(
-            f"playwright is not installed ({PLAYWRIGHT_MISSING}): "
-            "run `bash scripts/test.sh` (installs .[test])"
-        )
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `apt-get install -y chromium` (.ci/run does)")
-    silence = write_wav(tmp_path / "silence.wav", np.zeros(48_000, np.float32), 48_000)
-    page_errors: list[Error] = []
-    async with caller_page(tmp_path / "chromium-profile", silence) as browser_page:
-        browser_page.set_default_timeout(TIMEOUT_MS)
-        browser_page.on("pageerror", lambda error: page_errors.append(error))
-        await browser_page.goto(f"{app_origin}/")
-        yield browser_page
-    assert not page_errors, f"uncaught errors in the page: {page_errors}"
+    async with browser_page(tmp_path, f"{app_origin}/") as opened:
+        yield opened
 
 
 def _base(server: TestServer) -> str:

@@ -9,6 +9,7 @@ microphone plays espeak-ng speech in a loop; its voice processing is turned off 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Callable
@@ -19,19 +20,17 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from benchmarks.chromium import CHROMIUM, caller_page
+from benchmarks.chromium import caller_page
 from config.settings import Settings
+from tests.browser_page import require_chromium
 from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
 from tests.media import SAMPLE_RATE, require_espeak, resample_linear, write_wav
 from web.app import build_app
 from web.app_keys import SESSIONS
 
-try:
+# Without playwright, the `chromium` fixture fails every test with the install command.
+with contextlib.suppress(ImportError):
     from playwright.async_api import Error, Page, Response, expect
-except ImportError as exc:  # the `page` fixture fails every test with the install command
-    PLAYWRIGHT_MISSING: ImportError | None = exc
-else:
-    PLAYWRIGHT_MISSING = None
 
 pytestmark = pytest.mark.slow
 
@@ -87,14 +86,7 @@ async def server(
 @pytest.fixture
 def chromium() -> Path:
     """Debian's Chromium and the playwright package; missing either is a broken setup."""
-    if PLAYWRIGHT_MISSING is not None:
-        pytest.fail(
-            f"playwright is not installed ({PLAYWRIGHT_MISSING}): "
-            "run `bash scripts/test.sh` (installs .[test])"
-        )
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `apt-get install -y chromium` (.ci/run does)")
-    return CHROMIUM
+    return require_chromium()
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device, session_config
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.loaded_model import LoadedModel
-from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, until
+from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, session_state, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -132,13 +132,6 @@ class RunBatchFault:
         monkeypatch.setattr(LoadedModel, "run_batch", run_batch)
 
 
-async def _state(client: Client, session_id: str) -> dict[str, Any]:
-    response = await client.get(f"/sessions/{session_id}")
-    assert response.status == 200, await response.text()
-    state: dict[str, Any] = await response.json()
-    return state
-
-
 async def _speak(client: Client, session_id: str, wav: bytes, times: int = 1) -> None:
     for _ in range(times):
         response = await client.post(
@@ -149,7 +142,7 @@ async def _speak(client: Client, session_id: str, wav: bytes, times: int = 1) ->
 
 async def _keep_speaking(client: Client, session_id: str, wav: bytes) -> dict[str, Any]:
     """The session's state, after queueing ``wav`` again if less than 2 s of it is left."""
-    state = await _state(client, session_id)
+    state = await session_state(client, session_id)
     if state["queued_audio_s"] < 2.0:
         await _speak(client, session_id, wav)
     return state
@@ -209,7 +202,7 @@ async def test_a_model_that_fails_to_load_is_refused_and_others_keep_streaming(
         # The call went on through the failed load.
         received = len(caller.received.video_times)
         await caller.wait_for_frames(received + 25)
-        assert (await _state(client, caller.session_id))["state"] == "streaming"
+        assert (await session_state(client, caller.session_id))["state"] == "streaming"
         assert [s.avatar_id for s in client.app[SESSIONS].sessions] == ["demo"]
     finally:
         await caller.hang_up()
@@ -235,8 +228,8 @@ async def test_inference_errors_drop_one_sessions_frames_until_the_fault_stops(
         sent_before = len(faulty.received.video_times)
         await faulty.wait_for_frames(sent_before + 25)  # its video goes on
 
-        bad = await _state(client, faulty.session_id)
-        good = await _state(client, healthy.session_id)
+        bad = await session_state(client, faulty.session_id)
+        good = await session_state(client, healthy.session_id)
         assert fault.failed_frames >= 15
         assert bad["frames_dropped"].get("InferenceError") == fault.failed_frames
         assert bad["frames_inferred"] >= 10  # inference came back once the fault stopped
@@ -275,7 +268,7 @@ async def test_a_worker_dying_mid_call_is_replaced_and_the_call_goes_on(
                 return fault.left == 0 and fault.ran >= 4 + 10
 
             await until(recovered, "the worker's death, then 10 more batches")
-        state = await _state(client, caller.session_id)
+        state = await session_state(client, caller.session_id)
         received = len(caller.received.video_times)
         await caller.wait_for_frames(received + 25)  # the call goes on
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -24,7 +23,7 @@ from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from streaming.live.manager import SessionManager
-from tests.live_calls import until
+from tests.live_calls import session_state, until
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import SESSIONS
@@ -59,13 +58,6 @@ def _manager(client: TestClient[object, object]) -> SessionManager:
     return manager
 
 
-async def _state(client: TestClient[object, object], session_id: str) -> dict[str, Any]:
-    response = await client.get(f"/sessions/{session_id}")
-    assert response.status == 200, await response.text()
-    state: dict[str, Any] = await response.json()
-    return state
-
-
 def _raw_luma(root: Path) -> list[np.ndarray]:
     package = AvatarPackage.load(root, "demo")
     return [bgr_to_i420(cv2.imread(str(p)))[: SIZE[1]] for p in package.frame_paths]
@@ -78,7 +70,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 async def _shared(client: TestClient[object, object], caller: Caller, frames: int) -> None:
     async def enough() -> bool:
-        return (await _state(client, caller.session_id))["frames_shared"] >= frames
+        return (await session_state(client, caller.session_id))["frames_shared"] >= frames
 
     await until(enough, f"{frames} frames sent from the shared loop")
 
@@ -97,7 +89,7 @@ async def test_two_listening_calls_share_one_loop_and_each_shows_its_own_place(
         await first.wait_for_frames(100)
         await second.wait_for_frames(100)
         for caller in (first, second):
-            state = await _state(client, caller.session_id)
+            state = await session_state(client, caller.session_id)
             assert state["frames_inferred"] == 0
             assert state["frames_shared"] + state["frames_encoded"] >= state["frames_sent"] - 1
         stats = _manager(client).snapshot().idle_loops
@@ -152,7 +144,7 @@ async def test_a_receiver_asking_for_less_bitrate_gets_the_lower_rung(
 
         await until(lowered, "the call sending the 0.25x rung", poll_s=0.2)
         assert session.snapshot().bitrate_bps == asked
-        before = (await _state(client, caller.session_id))["frames_shared"]
+        before = (await session_state(client, caller.session_id))["frames_shared"]
         await _shared(client, caller, before + 25)  # and it keeps sending it
         assert sharing.rung_bitrate == round(0.25 * configured)
     finally:

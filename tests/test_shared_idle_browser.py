@@ -22,31 +22,26 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from benchmarks.chromium import CHROMIUM, caller_page
 from config.settings import Settings
-from tests.live_calls import FPS, GENEROUS_MARGIN_MS, TIMEOUT_S, assert_lip_synced, until
+from tests.browser_page import browser_page
+from tests.live_calls import FPS, GENEROUS_MARGIN_MS, assert_lip_synced, until
 from tests.media import espeak_wav, read_wav, write_wav
 from web.app import build_app
 
-try:
-    from playwright.async_api import Error, Page
-except ImportError as exc:  # the `page` fixture fails the test with the install command
-    PLAYWRIGHT_MISSING: ImportError | None = exc
-else:
-    PLAYWRIGHT_MISSING = None
+if TYPE_CHECKING:
+    from playwright.async_api import Page
 
 logger = logging.getLogger(__name__)
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_MS = round(TIMEOUT_S * 1000)
 BURSTS = 25  # each a switch to live and, in the silence after it, one back: 50 switches
 PHRASE = "hello there"  # about 0.8 s of speech: 20 lip-synced frames, and short
 #: Shared frames a silence sends before the next burst is pushed. It goes on sending them
@@ -175,21 +170,8 @@ async def server(tmp_path: Path, data_dir: Path, loopback: None) -> AsyncIterato
 @pytest.fixture
 async def page(tmp_path: Path, server: TestServer) -> AsyncIterator[Page]:
     """The demo page's origin in a fresh headless Chromium; fails on an uncaught JS error."""
-    if PLAYWRIGHT_MISSING is not None:
-        pytest.fail(
-            f"playwright is not installed ({PLAYWRIGHT_MISSING}): "
-            "run `bash scripts/test.sh` (installs .[test])"
-        )
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `apt-get install -y chromium` (.ci/run does)")
-    silence = write_wav(tmp_path / "silence.wav", np.zeros(48_000, np.float32), 48_000)
-    page_errors: list[Error] = []
-    async with caller_page(tmp_path / "chromium-profile", silence) as browser_page:
-        browser_page.set_default_timeout(TIMEOUT_MS)
-        browser_page.on("pageerror", lambda error: page_errors.append(error))
-        await browser_page.goto(str(server.make_url("/")))
-        yield browser_page
-    assert not page_errors, f"uncaught errors in the page: {page_errors}"
+    async with browser_page(tmp_path, str(server.make_url("/"))) as opened:
+        yield opened
 
 
 class Call:

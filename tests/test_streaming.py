@@ -25,7 +25,13 @@ from inference_core.avatars.package import AvatarPackage
 from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.live.manager import SessionManager
 from streaming.webrtc.pacing import CATCH_UP_S
-from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames, until
+from tests.live_calls import (
+    GENEROUS_MARGIN_MS,
+    assert_lip_synced,
+    session_state,
+    speech_frames,
+    until,
+)
 from tests.media import speech_with_pauses, write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -55,13 +61,6 @@ async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[obj
 def _manager(client: TestClient[object, object]) -> SessionManager:
     manager: SessionManager = client.app[SESSIONS]  # type: ignore[index]
     return manager
-
-
-async def _state(client: TestClient[object, object], session_id: str) -> dict[str, Any]:
-    response = await client.get(f"/sessions/{session_id}")
-    assert response.status == 200, await response.text()
-    state: dict[str, Any] = await response.json()
-    return state
 
 
 def _package(client: TestClient[object, object], avatar: str) -> AvatarPackage:
@@ -164,13 +163,13 @@ async def test_say_audio_push_and_interrupt(
         stats = _manager(client).get(sid).stats
 
         async def spoke_the_text() -> bool:
-            state = await _state(client, sid)
+            state = await session_state(client, sid)
             sent = len(stats.sending_ms["encode"]) >= 10  # lip-synced frames out
             return state["frames_inferred"] > 10 and state["queued_audio_s"] == 0 and sent
 
         await until(spoke_the_text, "the avatar to speak the whole text")
         # Where the added delay went: the stages account for all of it (within a frame).
-        added = (await _state(client, sid))["added_delay_ms"]
+        added = (await session_state(client, sid))["added_delay_ms"]
         assert set(added["stages"]) == {"features", "prepare", "inference", "compose"}
         assert added["mean"] > 0
         assert abs(sum(added["stages"].values()) - added["mean"]) <= 1000 / FPS
@@ -201,7 +200,7 @@ async def test_say_audio_push_and_interrupt(
             # The timeline has played what is no longer queued. Interrupt in the middle of
             # the sentence, a session delay into it: the caller has seen the mouth move by
             # then, and the voice is loud in the audio encoder's look-ahead.
-            at = clip_s - (await _state(client, sid))["queued_audio_s"]
+            at = clip_s - (await session_state(client, sid))["queued_audio_s"]
             assert at < end - 1.0, f"the timeline passed the sentence's middle: {at:.2f} s"
             return at >= start + session.delay_s + 0.3
 
@@ -278,10 +277,10 @@ async def test_unanswered_call_times_out_and_unused_tracks_stay_bounded(
             assert sessions.counters.ended_by_reason == {"ICE timeout": 1}
 
             async def made_many_chunks() -> bool:  # 100 frames: 200 audio chunks made
-                return (await _state(client, video_only.session_id))["frames_sent"] >= 100
+                return (await session_state(client, video_only.session_id))["frames_sent"] >= 100
 
             await until(made_many_chunks, "4 s of the answered call")
-            state = await _state(client, video_only.session_id)
+            state = await session_state(client, video_only.session_id)
             # No audio track was negotiated: its chunks must not pile up (the delay's 27
             # chunks plus 50 stale slots are kept).
             assert state["buffered"]["audio_chunks"] <= 80
@@ -321,7 +320,7 @@ async def test_two_sessions_on_different_avatars_each_lip_sync_their_caller(
     try:
         for caller in callers:  # each call has played its caller's whole microphone file
             await caller.wait_for_media(len(pcm) / 16_000 + 0.5)
-        states = [await _state(client, c.session_id) for c in callers]
+        states = [await session_state(client, c.session_id) for c in callers]
         assert [s["avatar"] for s in states] == ["demo", "second"]
         # Each session lip-synced its own caller's speech with its own avatar's model.
         spoken = speech_frames(spans)
@@ -352,12 +351,12 @@ async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
     try:
         await caller.wait_for_media(1.0)
         # A loaded machine may have stalled already as the call started (and skipped that).
-        before = (await _state(client, caller.session_id))["inbound_skipped_ms"]
+        before = (await session_state(client, caller.session_id))["inbound_skipped_ms"]
         # The stall: the event loop (server and caller alike) is held for 300 ms.
         asyncio.get_running_loop().call_soon(time.sleep, 0.3)
 
         async def drained() -> dict[str, Any] | None:
-            state = await _state(client, caller.session_id)
+            state = await session_state(client, caller.session_id)
             skipped = state["inbound_skipped_ms"] > before
             return state if skipped and state["buffered"]["inbound_audio_ms"] <= 40 else None
 
@@ -371,7 +370,7 @@ async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
         steady = (after["delay_ms"] - AUDIO_CHUNK_S * 1000) / (AUDIO_CHUNK_S * 1000)
 
         async def steady_again() -> bool:
-            waiting = (await _state(client, caller.session_id))["buffered"]["audio_chunks"]
+            waiting = (await session_state(client, caller.session_id))["buffered"]["audio_chunks"]
             return abs(waiting - steady) <= 2
 
         await until(steady_again, f"the send buffers back to ≈{steady:.0f} chunks")

@@ -420,37 +420,41 @@ class SnapshotCollector(Collector):
             f"{prefix}_evictions", "Frames dropped to stay within the limit.", value=c.evictions
         )
         loops = self._sessions.idle_loops
-        yield GaugeMetricFamily(
-            "lipstream_idle_loop_cache_bytes",
-            "Bytes of encoded idle loops kept.",
-            value=loops.bytes,
-        )
-        yield GaugeMetricFamily(
-            "lipstream_idle_loop_cache_max_bytes",
-            "Idle loop cache limit in bytes (cache.idle_loop_bytes).",
-            value=loops.max_bytes,
-        )
-        yield GaugeMetricFamily(
-            "lipstream_idle_loops", "Encoded idle loops kept.", value=loops.loops
-        )
-        yield GaugeMetricFamily(
-            "lipstream_idle_loops_building",
-            "Idle loops queued or being encoded.",
-            value=loops.building,
-        )
-        yield CounterMetricFamily(
-            "lipstream_idle_loops_built", "Idle loops encoded.", value=loops.built
-        )
-        yield CounterMetricFamily(
-            "lipstream_idle_loop_evictions",
-            "Idle loops dropped to stay within the limit.",
-            value=loops.evicted,
-        )
-        yield CounterMetricFamily(
-            "lipstream_idle_loop_build_failures",
-            "Idle loops that failed to encode (their calls encode their own frames).",
-            value=loops.failed,
-        )
+        for family, name, doc, value in (
+            (
+                GaugeMetricFamily,
+                "lipstream_idle_loop_cache_bytes",
+                "Bytes of encoded idle loops kept.",
+                loops.bytes,
+            ),
+            (
+                GaugeMetricFamily,
+                "lipstream_idle_loop_cache_max_bytes",
+                "Idle loop cache limit in bytes (cache.idle_loop_bytes).",
+                loops.max_bytes,
+            ),
+            (GaugeMetricFamily, "lipstream_idle_loops", "Encoded idle loops kept.", loops.loops),
+            (
+                GaugeMetricFamily,
+                "lipstream_idle_loops_building",
+                "Idle loops queued or being encoded.",
+                loops.building,
+            ),
+            (CounterMetricFamily, "lipstream_idle_loops_built", "Idle loops encoded.", loops.built),
+            (
+                CounterMetricFamily,
+                "lipstream_idle_loop_evictions",
+                "Idle loops dropped to stay within the limit.",
+                loops.evicted,
+            ),
+            (
+                CounterMetricFamily,
+                "lipstream_idle_loop_build_failures",
+                "Idle loops that failed to encode (their calls encode their own frames).",
+                loops.failed,
+            ),
+        ):
+            yield family(name, doc, value=value)
 
 
 def _cumulative(batch_sizes: dict[int, int]) -> list[tuple[str, float]]:
