@@ -218,6 +218,11 @@ class ServerSettings(_Section):
     max_offer_bytes: ByteSize = Field(default=64 * KIB, ge=1)
     offer_rate_limit_per_minute: int = Field(default=30, ge=0)
     request_timeout_s: float = Field(default=30.0, gt=0)
+    # The gRPC listener (on ``host``): the Open Inference Protocol v2
+    # (inference.GRPCInferenceService) and the seed's inference.InferenceService;
+    # null turns it off. Its messages are capped at the largest request a model takes
+    # (web.inference.grpc_server.message_limit).
+    grpc_port: int | None = Field(default=8081, ge=1, le=65535)
     # A request head must arrive within this many seconds of the connection opening (or
     # of its first byte), else the connection is closed: half-sent heads hold sockets.
     head_timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -265,6 +270,10 @@ class RegistrySettings(_Section):
     idle_timeout_s: float = Field(default=900.0, ge=0)
     assignment: Literal["round-robin", "least-loaded"] = "least-loaded"
     load_timeout_s: float = Field(default=120.0, gt=0)
+    # A raw inference request (/v1/infer, /v2, gRPC) for a model that is not loaded
+    # loads it (true) or is refused as not ready (false: models are loaded only by
+    # preload, /admin or the repository API, as Triton's explicit model control).
+    load_on_infer: bool = True
     models: dict[ModelId, ModelSettings] = Field(default_factory=dict)
 
     @field_validator("models", mode="before")

@@ -22,9 +22,10 @@ from streaming.audio_in.tts import build_tts_engine
 from streaming.live.manager import SessionManager
 from streaming.webrtc.compat import report_missing_internals
 from web.admin import add_admin_routes
-from web.app_keys import AVATAR_NAMES, CORE, SESSIONS, TTS
+from web.app_keys import AVATAR_NAMES, CORE, DOOR, SESSIONS, TTS
 from web.edge import edge_app
 from web.infer_api import infer
+from web.inference.door import InferenceDoor
 from web.metrics import add_metrics_routes
 from web.openapi import add_openapi_routes
 from web.session_streams import add_stream_routes
@@ -45,6 +46,7 @@ def build_app(
         a = settings.avatars
         app[CORE] = core or InferenceCore(settings, avatar_locator(a))
         await app[CORE].start()
+        app[DOOR] = InferenceDoor(app[CORE], settings)
         yield
         await app[CORE].stop(timeout_s=settings.server.drain_timeout_s)
 

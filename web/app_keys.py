@@ -12,10 +12,13 @@ from config.settings import Settings
 from inference_core.serving.core import InferenceCore
 from streaming.audio_in.tts import TtsEngine
 from streaming.live.manager import SessionManager
+from web.inference.door import InferenceDoor
 from web.rate_limit import RateLimiter
 
 SETTINGS = web.AppKey("settings", Settings)
 CORE = web.AppKey("core", InferenceCore)
+# The raw inference front doors' way into the core (/v1/infer, /v2, gRPC).
+DOOR = web.AppKey("inference_door", InferenceDoor)
 SESSIONS = web.AppKey("sessions", SessionManager)
 TTS = web.AppKey("tts", TtsEngine)
 # Display names by avatar id; at most one entry per registered avatar.

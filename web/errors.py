@@ -120,17 +120,28 @@ class RequestError(Exception):
         self.retry_after = retry_after
 
 
-def response_for(exc: Exception) -> web.Response:
-    """The JSON response for a library error (500 for anything not mapped)."""
+def classify(exc: Exception) -> RequestError:
+    """``exc`` as the status, code, message and Retry-After it is answered with.
+
+    Every front door shares this table: the JSON API, the Open Inference Protocol's
+    ``{"error": "..."}`` bodies and the gRPC status codes (``web/inference/errors.py``).
+    Anything not mapped is a 500 whose message hides the internals.
+    """
     if isinstance(exc, RequestError):
-        response = json_error(exc.status, exc.code, str(exc), retry_after=exc.retry_after)
-        if exc.status == 401:  # RFC 7235: a 401 names the scheme to use
-            response.headers["WWW-Authenticate"] = "Bearer"
-        return response
+        return exc
     for kind, status, code, retry_after in _MAPPING:
         if isinstance(exc, kind):
-            return json_error(status, code, str(exc), retry_after=retry_after)
-    return json_error(500, "internal_error", "internal server error; see the server log")
+            return RequestError(status, code, str(exc), retry_after=retry_after)
+    return RequestError(500, "internal_error", "internal server error; see the server log")
+
+
+def response_for(exc: Exception) -> web.Response:
+    """The JSON response for a library error (500 for anything not mapped)."""
+    error = classify(exc)
+    response = json_error(error.status, error.code, str(error), retry_after=error.retry_after)
+    if error.status == 401:  # RFC 7235: a 401 names the scheme to use
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 @web.middleware

@@ -12,26 +12,24 @@ For deployments that composite elsewhere. Two body types, named by ``Content-Typ
   ``[S,S,3]``), ready to paste back.
 
 The device and timing come back in ``X-Lipstream-*`` headers. Requests larger than the
-model's batch size are split.
+model's batch size are split. The request goes through the same door as the standard
+protocols' (``web/inference/door.py``).
 """
 
 from __future__ import annotations
-
-import math
-import time
 
 import numpy as np
 from aiohttp import web
 
 from inference_core.avatars.package import check_avatar_id
-from web.app_keys import CORE, SETTINGS
+from web.app_keys import DOOR
 from web.errors import RequestError
+from web.inference.contract import frames
 from web.request_body import read_limited, validate
 from web.schemas import InferQuery
 
 FLOAT_TYPE = "application/octet-stream"
 UINT8_TYPE = "application/vnd.lipstream.uint8"
-_F32 = np.dtype("<f4")
 _WRITE_CHUNK = 1 << 20
 
 
@@ -47,54 +45,42 @@ async def infer(request: web.Request) -> web.StreamResponse:
             f"Content-Type must be {FLOAT_TYPE} (float32 model inputs) or {UINT8_TYPE} "
             f"(uint8 BGR regions), got {content_type!r}",
         )
-    uint8 = content_type == UINT8_TYPE
-    core = request.app[CORE]
-    timeout_s = request.app[SETTINGS].server.request_timeout_s
-    async with await core.open(model_id) as model:
-        spec = model.spec
-        s = spec.input_size
-        frame_shape = (s, s, 3) if uint8 else spec.visual_shape
-        dtype = np.dtype(np.uint8) if uint8 else _F32
-        visual_shape = (n, *frame_shape)
-        audio_shape = (n, *spec.audio_shape)
-        visual_bytes = math.prod(visual_shape) * dtype.itemsize
-        expected = visual_bytes + math.prod(audio_shape) * 4
-        what = f"{n}x{list(frame_shape)} {dtype.name} + {n}x{list(spec.audio_shape)} float32"
-        declared = request.content_length
-        if declared is not None and declared != expected:
-            raise RequestError(
-                400 if declared < expected else 413,
-                "bad_body_size",
-                f"body must be exactly {expected} bytes for batch_size={n} ({what}), "
-                f"got Content-Length {declared}",
-            )
-        body = await read_limited(request, expected, f"the body for batch_size={n}")
-        if len(body) != expected:
-            raise RequestError(
-                400,
-                "bad_body_size",
-                f"body must be exactly {expected} bytes for batch_size={n}, got {len(body)}",
-            )
-        visual = np.frombuffer(body, dtype, math.prod(visual_shape)).reshape(visual_shape)
-        audio = np.frombuffer(body, _F32, offset=visual_bytes).reshape(audio_shape)
-        finite = np.isfinite(audio).all() and (uint8 or np.isfinite(visual).all())
-        if not finite:
-            raise RequestError(400, "bad_values", "inputs must be finite numbers (no NaN/inf)")
-        started = time.perf_counter()
-        outputs = await model.infer(
-            visual if uint8 else visual.astype(np.float32),
-            audio.astype(np.float32),
-            timeout_s=timeout_s,
-            raw=not uint8,
+    door = request.app[DOOR]
+    contract = await door.infer_contract(
+        model_id, "uint8" if content_type == UINT8_TYPE else "float"
+    )
+    visual, audio = contract.inputs
+    visual_bytes = n * visual.frame_bytes
+    expected = n * contract.frame_bytes
+    what = (
+        f"{n}x{list(visual.frame_shape)} {visual.dtype.name} + "
+        f"{n}x{list(audio.frame_shape)} float32"
+    )
+    declared = request.content_length
+    if declared is not None and declared != expected:
+        raise RequestError(
+            400 if declared < expected else 413,
+            "bad_body_size",
+            f"body must be exactly {expected} bytes for batch_size={n} ({what}), "
+            f"got Content-Length {declared}",
         )
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        device = model.device.name
-    payload = memoryview(outputs.tobytes() if uint8 else outputs.astype(_F32, copy=False).tobytes())
+    body = await read_limited(request, expected, f"the body for batch_size={n}")
+    if len(body) != expected:
+        raise RequestError(
+            400,
+            "bad_body_size",
+            f"body must be exactly {expected} bytes for batch_size={n}, got {len(body)}",
+        )
+    view = memoryview(body)
+    parts = {visual.name: view[:visual_bytes], audio.name: view[visual_bytes:]}
+    result = await door.infer(contract, *frames(contract, n, parts))
+    outputs = result.outputs
+    payload = np.ascontiguousarray(outputs).data.cast("B")
     response = web.StreamResponse(
         headers={
             "Content-Type": content_type,
-            "X-Lipstream-Device": device,
-            "X-Lipstream-Inference-Ms": f"{elapsed_ms:.2f}",
+            "X-Lipstream-Device": result.device,
+            "X-Lipstream-Inference-Ms": f"{result.elapsed_ms:.2f}",
             "X-Lipstream-Batch-Size": str(n),
             "X-Lipstream-Output-Shape": ",".join(map(str, outputs.shape)),
         }

@@ -26,6 +26,7 @@ the steps would pass those names and their order between modules.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,34 @@ def load_serving_graph(path: Path, spec: AdapterSpec, *, fp16: bool = False) -> 
     except ModelLoadError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     return ServingGraph(graph.model, graph.binding, path)
+
+
+def read_binding(path: Path, spec: AdapterSpec) -> ModelBinding:
+    """Which of ``path``'s own inputs and output is which, without loading it onto a device.
+
+    For the inference protocols' metadata of a model not loaded yet (its tensors' own
+    names). Reads and parses the file (≈0.1 s for a 49 MB model: call it off the event
+    loop); the answer is kept per file version, so asking again costs a ``stat``.
+    """
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"model file {path} cannot be read: {exc}") from exc
+    return _read_binding(path, stat.st_mtime_ns, stat.st_size, spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_binding(path: Path, mtime_ns: int, size: int, spec: AdapterSpec) -> ModelBinding:
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, OSError, onnx's own errors
+        raise ModelLoadError(
+            f"model file {path} cannot be loaded: not a readable ONNX model ({exc})"
+        ) from exc
+    try:
+        return model_binding(model, spec)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:

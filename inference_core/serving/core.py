@@ -17,11 +17,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import onnxruntime as ort
 
 from config.settings import Settings
-from inference_core.adapter.serving_graph import ServingGraph
+from inference_core.adapter.onnx_io import ModelBinding
+from inference_core.adapter.serving_graph import ServingGraph, read_binding
+from inference_core.adapter.spec import AdapterSpec
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.exceptions import ShuttingDownError
 from inference_core.serving.devices import (
@@ -38,6 +41,15 @@ from inference_core.serving.scheduler import DeviceScheduler
 from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelIo:
+    """What a model takes and gives: its adapter spec and which ONNX tensor is which."""
+
+    spec: AdapterSpec
+    binding: ModelBinding
+
 
 SessionFactory = Callable[[ServingGraph, Device], ort.InferenceSession]
 
@@ -144,6 +156,21 @@ class InferenceCore:
         """True while ``model_id`` is loaded or loading on a device."""
         known = model_id in self.registry.ids()
         return known and self.registry.entry(model_id).state in ("loaded", "loading")
+
+    async def model_io(self, model_id: str) -> ModelIo:
+        """``model_id``'s adapter spec and its ONNX tensors' own names.
+
+        From the loaded model when there is one, else read from its files (off the event
+        loop; see :func:`~inference_core.adapter.serving_graph.read_binding`).
+        """
+        model = self.registry.entry(model_id).model
+        adapter = model.adapter if model is not None else None
+        if adapter is not None:
+            return ModelIo(adapter.spec, adapter.binding)
+        package = await asyncio.to_thread(self.registry.locator.load, model_id)
+        spec = package.manifest.adapter
+        binding = await asyncio.to_thread(read_binding, package.lipsync_path, spec)
+        return ModelIo(spec, binding)
 
     def display_name(self, model_id: str) -> str:
         """The avatar's display name (reads its manifest: call it off the event loop)."""

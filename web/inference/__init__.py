@@ -1,0 +1,7 @@
+"""Raw inference over the standard protocols (``docs/architecture.md`` §17).
+
+``contract`` says what a model's tensors look like over a protocol (two versions: the
+model's own float interface and the serving graph's uint8 one); ``door`` is the one way
+into the inference core every front door takes (``/v1/infer``, the Open Inference
+Protocol v2 over REST and gRPC, the seed's ``InferenceService``).
+"""
