@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.run [--quick] [--json out.json] [--only NAME ...]
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
-frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
+protocols, frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
 margin, cluster, voice_agent, conversation, gpu (CUDA only: elsewhere it says why it
 measured nothing).
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
@@ -23,6 +23,7 @@ from benchmarks.common import Result, machine
 
 BENCHMARKS = (
     "core_throughput",
+    "protocols",
     "frame_costs",
     "delay",
     "browser_delay",
