@@ -26,6 +26,7 @@ from web.app_keys import AVATAR_NAMES, CORE, DOOR, SESSIONS, TTS
 from web.edge import edge_app
 from web.infer_api import infer
 from web.inference.door import InferenceDoor
+from web.inference.rest import add_inference_protocol_routes
 from web.metrics import add_metrics_routes
 from web.openapi import add_openapi_routes
 from web.session_streams import add_stream_routes
@@ -63,6 +64,7 @@ def build_app(
 
     app.cleanup_ctx.extend([inference_core, sessions, text_to_speech])
     app.router.add_post("/v1/infer/{model_id}", infer)
+    add_inference_protocol_routes(app)
     add_routes(app)
     add_stream_routes(app)
     add_admin_routes(app)

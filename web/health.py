@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -50,9 +51,17 @@ def check_avatar_root(avatars: AvatarsSettings) -> tuple[str | None, str | None]
     return "readable", None
 
 
-async def ready(request: web.Request) -> web.Response:
-    """Ready for new sessions, or 503 with every reason it is not."""
-    app = request.app
+@dataclass(frozen=True)
+class Readiness:
+    """Why the server is not ready (empty when it is), and what ``GET /ready`` shows."""
+
+    reasons: list[str]
+    avatar_root: str | None
+    devices: list[str]
+
+
+async def readiness(app: web.Application) -> Readiness:
+    """What ``GET /ready`` (and the protocols' readiness, ``/v2/health/ready``) decide on."""
     reasons: list[str] = []
     root_state, root_problem = await asyncio.to_thread(check_avatar_root, app[SETTINGS].avatars)
     if root_problem is not None:
@@ -62,16 +71,24 @@ async def ready(request: web.Request) -> web.Response:
     if core is None:
         reasons.append("the inference core is not started")
     else:
-        for device in (await core.snapshot()).devices:
+        snapshot = await core.snapshot()
+        if not snapshot.running:
+            reasons.append("the inference core is not running")
+        for device in snapshot.devices:
             if device.workers_alive > 0:
                 devices.append(device.name)
             else:
                 reasons.append(f"device {device.name} has no running inference workers")
-    draining = app[DRAINING].draining
-    if draining:
+    if app[DRAINING].draining:
         reasons.append("the server is draining: it takes no new sessions")
-    if reasons:
-        return web.json_response(NotReady(ready=False, reasons=reasons).dump(), status=503)
-    assert root_state is not None
-    body = Ready(ready=True, avatar_root=root_state, devices=devices, draining=False)
+    return Readiness(reasons, root_state, devices)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Ready for new sessions, or 503 with every reason it is not."""
+    state = await readiness(request.app)
+    if state.reasons:
+        return web.json_response(NotReady(ready=False, reasons=state.reasons).dump(), status=503)
+    assert state.avatar_root is not None
+    body = Ready(ready=True, avatar_root=state.avatar_root, devices=state.devices, draining=False)
     return web.json_response(body.dump())

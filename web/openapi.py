@@ -27,6 +27,7 @@ from pydantic_core.core_schema import WithDefaultSchema
 
 from web.schemas import MAX_REQUEST_FRAMES, OPERATIONS, Error, Operation, Reply, RequestModel
 from web.schemas.base import AvatarId
+from web.schemas.inference_protocol import OipError
 
 Json = dict[str, Any]
 
@@ -64,7 +65,8 @@ _CODES: dict[str, str] = {
     "invalid_model_id": "the avatar/model id is not `[a-z0-9_-]{1,64}`",
     "missing_batch_size": "the `batch_size` query parameter is missing",
     "bad_batch_size": f"`batch_size` is not an integer from 1 to {MAX_REQUEST_FRAMES}",
-    "bad_body_size": "the body is not exactly the size `batch_size` needs",
+    "bad_body_size": "the body is not exactly the size `batch_size` needs (on `/v2`: the "
+    "bytes its JSON declares)",
     "bad_import": "the import request misses a field or has one of the wrong type",
     "bad_path": "a path leaves `avatars.import_root`",
     "import_disabled": "`avatars.import_root` is not set, so the server imports nothing",
@@ -104,7 +106,30 @@ _CODES: dict[str, str] = {
     "shutting_down": "the inference core is stopping",
     "deadline_exceeded": "the batch missed its deadline (`server.request_timeout_s`)",
     "load_timeout": "still loading after `registry.load_timeout_s`; it goes on loading",
+    "bad_header_length": "`Inference-Header-Content-Length` is not a non-negative integer, "
+    "runs past the body, or is missing while inputs have `binary_data_size`",
+    "bad_input_size": "a `binary_data_size` (or a JSON `data`'s value count) is not what the "
+    "input's datatype and shape need",
+    "bad_content_encoding": "the body is compressed (`Content-Encoding`); send it as is",
+    "version_not_found": "the model has no such version (`float`, `uint8`)",
+    "not_ready": "not ready: the model is not loaded, or (for the server) the inference core "
+    "is not running, a device has no running workers or the server is draining",
+    "model_not_ready": "the model is not loaded and `registry.load_on_infer` is false: load "
+    "it first",
+    "bad_parameter": "a load parameter other than `device` (a configuration or files)",
+    "server_failed": "the process cannot serve any more and is exiting",
 }
+
+#: The shared error responses of the ``/v2`` routes: ``ProtocolBadRequest``...
+PROTOCOL_PREFIX = "Protocol"
+PROTOCOL_DESCRIPTION = (
+    "The Open Inference Protocol v2 (KServe v2, Triton's HTTP API) with Triton's extensions "
+    "`binary_tensor_data`, `model_configuration`, `model_repository` and `statistics`: what "
+    "`tritonclient.http` calls. Each avatar is a model with two versions: `float` (the "
+    "model's own ONNX interface and tensor names) and `uint8` (the serving graph's, a "
+    "quarter of the bytes); a request that names no version is served by its visual "
+    'input\'s datatype. Errors are the protocol\'s `{"error": "message"}`.'
+)
 
 ADMIN_AUTH = (
     "With `server.admin_token` set, every admin JSON route needs "
@@ -136,6 +161,12 @@ _PATH_PARAMETERS: dict[str, tuple[str, Json, str]] = {
         "An avatar id: each avatar has its own model.",
     ),
     "filename": ("Filename", {"type": "string"}, "A file of `web/static`."),
+    "version": (
+        "ModelVersion",
+        {"type": "string", "enum": ["float", "uint8"]},
+        "The tensor contract: `float` (the model's own interface) or `uint8` (the serving "
+        "graph's).",
+    ),
 }
 
 
@@ -160,7 +191,7 @@ def _ref(name: str, kind: str = "schemas") -> Json:
 
 def _component_schemas() -> Json:
     """Every model the operations name, with the models they nest, by class name."""
-    modes: dict[type[Any], JsonSchemaMode] = {Error: "serialization"}
+    modes: dict[type[Any], JsonSchemaMode] = {Error: "serialization", OipError: "serialization"}
     for operation in OPERATIONS:
         if operation.body is not None:
             modes[operation.body] = "validation"
@@ -224,7 +255,8 @@ def _errors(operation: Operation) -> Json:
         if operation.access == "admin":
             spec.setdefault(403, ["forbidden"])
     spec[500] = ["internal_error", *spec.get(500, ())]  # any handler can fail unexpectedly
-    names = {status: name for status, name, _, _ in _ERROR_STATUSES}
+    prefix = PROTOCOL_PREFIX if operation.protocol_errors else ""
+    names = {status: prefix + name for status, name, _, _ in _ERROR_STATUSES}
     return {
         str(status): {
             **_ref(names[status], "responses"),
@@ -290,15 +322,17 @@ def _header(name: str) -> Json:
 
 
 def _responses() -> Json:
+    """The shared error responses: lipstream's, and the protocol's for ``/v2``."""
     responses: Json = {}
     for status, name, description, header in _ERROR_STATUSES:
-        response: Json = {
-            "description": f"{status}: {description}",
-            "content": {"application/json": {"schema": _ref("Error")}},
-        }
-        if header is not None:
-            response["headers"] = {header.rstrip("?"): _header(header)}
-        responses[name] = response
+        for prefix, schema in (("", "Error"), (PROTOCOL_PREFIX, OipError.__name__)):
+            response: Json = {
+                "description": f"{status}: {description}",
+                "content": {"application/json": {"schema": _ref(schema)}},
+            }
+            if header is not None:
+                response["headers"] = {header.rstrip("?"): _header(header)}
+            responses[prefix + name] = response
     return responses
 
 
@@ -317,14 +351,17 @@ def openapi_document() -> Json:
             "title": "lipstream",
             "version": _version(),
             "summary": "Self-hosted real-time talking-avatar server.",
-            "description": "WebRTC signalling and session control, raw batch inference, "
-            "admin, health and metrics. Every error is JSON "
-            '`{"error": {"code", "message"}}`; each operation lists its codes by status.',
+            "description": "WebRTC signalling and session control, raw batch inference (its "
+            "own API and the Open Inference Protocol v2), admin, health and metrics. Every "
+            'error is JSON `{"error": {"code", "message"}}`, except on the protocol\'s `/v2` '
+            'routes: `{"error": "message"}`, as the protocol says; each operation lists its '
+            "codes by status (on `/v2`, the conditions they stand for).",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "tags": [
             {"name": "sessions", "description": "WebRTC calls with an avatar."},
             {"name": "inference", "description": "Raw batch inference."},
+            {"name": "inference-protocol", "description": PROTOCOL_DESCRIPTION},
             {"name": "admin", "description": ADMIN_AUTH},
             {"name": "service", "description": "Health, metrics, this document, demo page."},
         ],

@@ -7,7 +7,8 @@ OpenAPI document from the models and the route table (:data:`OPERATIONS`).
 
 Modules: :mod:`~web.schemas.base` (the two base classes, shared field types, the error
 body), :mod:`~web.schemas.signalling`, :mod:`~web.schemas.inference`,
-:mod:`~web.schemas.admin`, :mod:`~web.schemas.service` (one per tag of the document),
+:mod:`~web.schemas.inference_protocol`, :mod:`~web.schemas.admin`,
+:mod:`~web.schemas.service` (one per tag of the document),
 :mod:`~web.schemas.operation` (how an operation is declared) and
 :mod:`~web.schemas.routes` (the route table). Pure data: nothing here imports aiohttp
 or another ``web`` module, so every handler may import it.
@@ -33,6 +34,30 @@ from web.schemas.admin import (
 )
 from web.schemas.base import Error, ErrorDetail, RequestModel, ResponseModel
 from web.schemas.inference import MAX_REQUEST_FRAMES, InferQuery
+from web.schemas.inference_protocol import (
+    OipConfigTensor,
+    OipDuration,
+    OipError,
+    OipIndexRequest,
+    OipInferenceStats,
+    OipInferResponse,
+    OipLive,
+    OipLoadParameters,
+    OipLoadRequest,
+    OipModelConfig,
+    OipModelMetadata,
+    OipModelReady,
+    OipModelStats,
+    OipOutput,
+    OipOutputParameters,
+    OipParameter,
+    OipReady,
+    OipRepositoryIndex,
+    OipRepositoryModel,
+    OipServerMetadata,
+    OipStatistics,
+    OipTensor,
+)
 from web.schemas.operation import Header, Operation, Reply
 from web.schemas.routes import OPERATIONS
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
@@ -84,6 +109,28 @@ __all__ = [
     "Models",
     "NotReady",
     "Offer",
+    "OipConfigTensor",
+    "OipDuration",
+    "OipError",
+    "OipIndexRequest",
+    "OipInferResponse",
+    "OipInferenceStats",
+    "OipLive",
+    "OipLoadParameters",
+    "OipLoadRequest",
+    "OipModelConfig",
+    "OipModelMetadata",
+    "OipModelReady",
+    "OipModelStats",
+    "OipOutput",
+    "OipOutputParameters",
+    "OipParameter",
+    "OipReady",
+    "OipRepositoryIndex",
+    "OipRepositoryModel",
+    "OipServerMetadata",
+    "OipStatistics",
+    "OipTensor",
     "OpenApiDocument",
     "Operation",
     "Queued",

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from web.schemas.base import RequestModel, ResponseModel
+from pydantic import BaseModel
 
-Tag = Literal["sessions", "inference", "admin", "service"]
+from web.schemas.base import RequestModel
+
+Tag = Literal["sessions", "inference", "inference-protocol", "admin", "service"]
 #: ``admin``: ``server.admin_token`` or the loopback rule; ``session``: ``auth.jwt_secret``.
 Access = Literal["admin", "session"]
 
@@ -31,11 +33,12 @@ class Header:
 
 @dataclass(frozen=True)
 class Reply:
-    """One response that is not an error: a JSON ``model``, or bodies of ``media`` types."""
+    """One response that is not an error: a JSON ``model`` (a :class:`ResponseModel`, or a
+    ``RootModel`` for a JSON array), or bodies of ``media`` types."""
 
     status: int
     description: str
-    model: type[ResponseModel] | None = None
+    model: type[BaseModel] | None = None
     media: tuple[str, ...] = ()
     empty: bool = False  # the ``media`` bodies are empty
     headers: tuple[Header, ...] = ()
@@ -61,6 +64,8 @@ class Operation:
     body_media: tuple[str, ...] = ()  # a binary body, by content type
     query: type[RequestModel] | None = None
     access: Access | None = None
+    #: Errors in the Open Inference Protocol's shape, ``{"error": "message"}`` (``/v2``).
+    protocol_errors: bool = False
 
 
 def file_replies(media: str, description: str) -> tuple[Reply, ...]:

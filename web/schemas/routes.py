@@ -10,6 +10,7 @@ a reader would lose the one place that lists every route.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from streaming.audio_in.push import SUPPORTED_TYPES
@@ -24,7 +25,20 @@ from web.schemas.admin import (
 )
 from web.schemas.base import Error
 from web.schemas.inference import InferQuery
-from web.schemas.operation import Header, Operation, Reply, file_replies
+from web.schemas.inference_protocol import (
+    OipIndexRequest,
+    OipInferResponse,
+    OipLive,
+    OipLoadRequest,
+    OipModelConfig,
+    OipModelMetadata,
+    OipModelReady,
+    OipReady,
+    OipRepositoryIndex,
+    OipServerMetadata,
+    OipStatistics,
+)
+from web.schemas.operation import Header, Operation, Reply, Tag, file_replies
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
 from web.schemas.signalling import (
     Answer,
@@ -233,6 +247,228 @@ INFERENCE_OPERATIONS = (
     ),
 )
 
+_V2: Tag = "inference-protocol"
+_MODEL_PATH = "/v2/models/{model_id}"
+_VERSION_PATH = "/v2/models/{model_id}/versions/{version}"
+_UNKNOWN_MODEL: Mapping[int, tuple[str, ...]] = MappingProxyType(
+    {400: ("invalid_model_id",), 404: ("model_not_found", "version_not_found")}
+)
+#: Reading a model's tensors from an avatar package that is not loaded.
+_MODEL_READ = MappingProxyType({**_UNKNOWN_MODEL, 500: ("model_invalid", "model_load_failed")})
+
+
+def _per_version(operation: Operation) -> tuple[Operation, Operation]:
+    """``operation`` on ``/v2/models/{model_id}...`` and on the path that names a version."""
+    versioned = replace(
+        operation,
+        operation_id=f"{operation.operation_id}_of_version",
+        path=operation.path.replace(_MODEL_PATH, _VERSION_PATH, 1),
+        summary=f"{operation.summary} (of the version named)",
+    )
+    return operation, versioned
+
+
+PROTOCOL_OPERATIONS = (
+    Operation(
+        "oip_server_live",
+        "get",
+        "/v2/health/live",
+        _V2,
+        "Liveness (the protocol's): the process can serve",
+        (Reply(200, "Live.", OipLive),),
+        errors={503: ("server_failed",)},
+        protocol_errors=True,
+    ),
+    Operation(
+        "oip_server_ready",
+        "get",
+        "/v2/health/ready",
+        _V2,
+        "Readiness (the protocol's): the same rule as `GET /ready`",
+        (Reply(200, "Ready.", OipReady),),
+        errors={503: ("not_ready",)},
+        protocol_errors=True,
+    ),
+    Operation(
+        "oip_server_metadata",
+        "get",
+        "/v2",
+        _V2,
+        "The server's name, version and the protocol extensions it implements",
+        (Reply(200, "The metadata.", OipServerMetadata),),
+        protocol_errors=True,
+    ),
+    Operation(
+        "oip_statistics",
+        "get",
+        "/v2/models/stats",
+        _V2,
+        "Every registered model's statistics",
+        (Reply(200, "Sorted by name.", OipStatistics),),
+        description="Triton's statistics extension from the core's own figures: "
+        "`inference_count` frames and `execution_count` batches run (live sessions' "
+        "included), `success`/`fail` the protocols' requests with the time callers waited, "
+        "`compute_infer` batches and the time in model runs; `queue`, `compute_input` and "
+        "`compute_output` are not measured apart and read 0.",
+        protocol_errors=True,
+    ),
+    *_per_version(
+        Operation(
+            "oip_model_metadata",
+            "get",
+            _MODEL_PATH,
+            _V2,
+            "A model's tensors, as the ONNX model names them",
+            (Reply(200, "The metadata (read without loading the model).", OipModelMetadata),),
+            description="Without a version: the `float` version's tensors.",
+            errors=_MODEL_READ,
+            protocol_errors=True,
+        )
+    ),
+    *_per_version(
+        Operation(
+            "oip_model_ready",
+            "get",
+            f"{_MODEL_PATH}/ready",
+            _V2,
+            "Whether a model is loaded (then both versions are ready)",
+            (Reply(200, "Loaded.", OipModelReady),),
+            errors={**_UNKNOWN_MODEL, 400: ("invalid_model_id", "not_ready")},
+            protocol_errors=True,
+        )
+    ),
+    *_per_version(
+        Operation(
+            "oip_model_config",
+            "get",
+            f"{_MODEL_PATH}/config",
+            _V2,
+            "A model's configuration (Triton's model configuration extension)",
+            (Reply(200, "Without a version: the `float` version's.", OipModelConfig),),
+            errors=_MODEL_READ,
+            protocol_errors=True,
+        )
+    ),
+    *_per_version(
+        Operation(
+            "oip_model_statistics",
+            "get",
+            f"{_MODEL_PATH}/stats",
+            _V2,
+            "A model's statistics",
+            (Reply(200, "The model's (its figures cover both versions).", OipStatistics),),
+            errors=_UNKNOWN_MODEL,
+            protocol_errors=True,
+        )
+    ),
+    *_per_version(
+        Operation(
+            "oip_infer",
+            "post",
+            f"{_MODEL_PATH}/infer",
+            _V2,
+            "Run a batch of frames (the protocol's inference request)",
+            (
+                Reply(
+                    200,
+                    "All JSON (`application/json`), or, when an output is asked for as bytes, "
+                    "`application/octet-stream`: the JSON (its length in the "
+                    "`Inference-Header-Content-Length` header, the output's "
+                    "`parameters.binary_data_size`) followed by the output's bytes.",
+                    OipInferResponse,
+                    media=("application/octet-stream",),
+                ),
+            ),
+            description="A JSON request `{id?, inputs: [{name, datatype, shape, data | "
+            "parameters.binary_data_size}], outputs?: [{name, parameters?: {binary_data}}], "
+            "parameters?: {binary_data_output}}`. With the binary tensor extension "
+            "(`tritonclient`'s default) the header `Inference-Header-Content-Length` gives "
+            "the JSON's length and each binary input's bytes follow it in input order "
+            "(little-endian, row-major); other inputs carry `data`, flat or nested. The "
+            "inputs are the version's (`GET /v2/models/{model_id}`), 1 to 32 frames; without "
+            "a version, a `UINT8` visual input picks `uint8`. Everything is checked before "
+            "the tensors are read: the header length, the JSON (at most what the model's "
+            "largest request needs as JSON text), the names, datatypes and shapes, each "
+            "`binary_data_size` and their sum against the body. The output comes back as "
+            "JSON unless asked for as bytes (per output `binary_data`, or "
+            "`binary_data_output` for all). Request parameters such as `priority` and "
+            "`timeout` are not used: `server.request_timeout_s` applies.",
+            body_media=("application/json", "application/octet-stream"),
+            errors={
+                400: (
+                    "invalid_model_id",
+                    "bad_json",
+                    "bad_input",
+                    "bad_input_size",
+                    "bad_values",
+                    "bad_header_length",
+                    "bad_body_size",
+                ),
+                404: ("model_not_found", "version_not_found"),
+                413: ("body_too_large",),
+                415: ("bad_content_encoding",),
+                500: (*_MODEL_OPEN_500, "inference_failed"),
+                503: (*_MODEL_OPEN_503, "queue_full", "model_not_ready"),
+                504: ("deadline_exceeded",),
+            },
+            protocol_errors=True,
+        )
+    ),
+    Operation(
+        "oip_repository_index",
+        "post",
+        "/v2/repository/index",
+        _V2,
+        "Every registered model and its state (Triton's model repository extension)",
+        (Reply(200, "Sorted by name.", OipRepositoryIndex),),
+        body=OipIndexRequest,
+        body_required=False,
+        errors={413: ("body_too_large",)},
+        protocol_errors=True,
+    ),
+    Operation(
+        "oip_repository_load",
+        "post",
+        "/v2/repository/models/{model_id}/load",
+        _V2,
+        "Load a model now and wait for it (a loaded model stays where it is)",
+        (Reply(200, "Loaded; an empty body."),),
+        description='`{"parameters": {"device": N}}` loads onto device `N` (an index as '
+        "`GET /admin/stats` lists them); no body (or tritonclient's `{}`) loads where "
+        "placement puts it. Models load from their avatar packages: a configuration or "
+        "files cannot be sent.",
+        body=OipLoadRequest,
+        body_required=False,
+        access="admin",
+        errors={
+            400: ("invalid_model_id", "bad_parameter", "bad_device"),
+            404: ("model_not_found",),
+            413: ("body_too_large",),
+            500: _MODEL_OPEN_500,
+            503: _MODEL_OPEN_503,
+            504: ("load_timeout",),
+        },
+        protocol_errors=True,
+    ),
+    Operation(
+        "oip_repository_unload",
+        "post",
+        "/v2/repository/models/{model_id}/unload",
+        _V2,
+        "Unload a model now (a no-op when it is not loaded)",
+        (Reply(200, "Unloaded; an empty body."),),
+        description="Its parameters (tritonclient's `unload_dependents`) mean nothing here.",
+        access="admin",
+        errors={
+            400: ("invalid_model_id", "bad_json"),
+            404: ("model_not_found",),
+            409: ("model_in_use",),
+            413: ("body_too_large",),
+        },
+        protocol_errors=True,
+    ),
+)
+
 ADMIN_OPERATIONS = (
     Operation(
         "admin_page",
@@ -410,6 +646,7 @@ SERVICE_OPERATIONS = (
 OPERATIONS: tuple[Operation, ...] = (
     *SESSION_OPERATIONS,
     *INFERENCE_OPERATIONS,
+    *PROTOCOL_OPERATIONS,
     *ADMIN_OPERATIONS,
     *SERVICE_OPERATIONS,
 )
