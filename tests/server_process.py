@@ -1,9 +1,10 @@
 """``lipstream serve`` as a real subprocess: the console script, its own listener and signals.
 
 Tests that need what only the process does (the guarded listener, the open-file limit,
-SIGTERM draining, a cluster front) start it here on a free loopback port and talk to it
-over HTTP; :func:`lipstream_serve` yields once ``/health`` answers and kills the process
-at the end if it is still up.
+SIGTERM draining, a cluster front) start it here on a free loopback port (and its gRPC
+listener on another, so that no two tests meet on 8081) and talk to it over HTTP;
+:func:`lipstream_serve` yields once ``/health`` answers and kills the process at the end
+if it is still up.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class Server:
     http: ClientSession
     port: int
     stderr: Path
+    grpc_port: int | None = None  # None when the test turned gRPC off
+
+    @property
+    def grpc_address(self) -> str:
+        assert self.grpc_port is not None, "this server runs without gRPC"
+        return f"127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:
         return self.stderr.read_text(errors="replace")
@@ -49,11 +56,15 @@ async def lipstream_serve(
     demo: bool = True,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> AsyncIterator[Server]:
-    """``lipstream serve [args]`` with ``server:`` settings ``server`` (plus a free port);
-    the built-in demo avatar unless ``demo`` is false. A cluster front answers once its
-    workers reported: give it a longer ``startup_timeout_s``."""
-    port = free_port()
-    lines = "".join(f"  {k}: {v}\n" for k, v in {"port": port, **(server or {})}.items())
+    """``lipstream serve [args]`` with ``server:`` settings ``server`` (plus a free port
+    and a free ``grpc_port``, unless given: None turns gRPC off); the built-in demo
+    avatar unless ``demo`` is false. A cluster front answers once its workers reported:
+    give it a longer ``startup_timeout_s``."""
+    port = grpc_port = free_port()
+    while grpc_port == port:
+        grpc_port = free_port()
+    settings = {"port": port, "grpc_port": grpc_port, **(server or {})}
+    lines = "".join(f"  {k}: {'null' if v is None else v}\n" for k, v in settings.items())
     config = tmp_path / "lipstream.yaml"
     config.write_text(
         f"server:\n{lines}"
@@ -84,7 +95,9 @@ async def lipstream_serve(
                     assert proc.returncode is None, stderr.read_text(errors="replace")
                     await asyncio.sleep(0.2)  # polling for start-up, not synchronisation
         async with ClientSession(base_url=base_url) as http:
-            yield Server(proc, http, port, stderr)
+            chosen = settings["grpc_port"]
+            assert chosen is None or isinstance(chosen, int)
+            yield Server(proc, http, port, stderr, chosen)
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -1,12 +1,13 @@
 """``lipstream serve``: the process entry, from listening to exit, for one process or a front.
 
 One serve loop runs both kinds of server (``docs/architecture.md`` §12, §14): open the
-guarded listener, wait for SIGTERM or SIGINT (or for the app to give up, ``app[LIVENESS]``),
-drain, close the listener, then let ``cleanup_ctx`` stop what the app started. What
-differs is the :class:`Drain`: one process waits for its own sessions to end, a front for
-every worker's. The app factories (``web/app.py``, ``web/cluster/app.py``) know nothing of
-this module, so a cluster worker, which runs the single-process app inside a Ray actor,
-imports no process entry and no signal handling.
+guarded listener (and, for one process, the gRPC listener of the raw inference front
+doors on ``server.grpc_port``), wait for SIGTERM or SIGINT (or for the app to give up,
+``app[LIVENESS]``), drain, close the listeners, then let ``cleanup_ctx`` stop what the app
+started. What differs is the :class:`Drain`: one process waits for its own sessions to
+end, a front for every worker's. The app factories (``web/app.py``,
+``web/cluster/app.py``) know nothing of this module, so a cluster worker, which runs the
+single-process app inside a Ray actor, imports no process entry and no signal handling.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from web.app_keys import DRAINING, LIVENESS, SESSIONS
 from web.cluster.app import FRONT, build_front_app
 from web.cluster.front import ClusterFront
 from web.connection_guard import GUARD
+from web.inference.grpc_server import GrpcListener, start_inference_grpc
 from web.open_files import raise_open_file_limit
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,9 @@ def _live_on_workers(app: web.Application) -> str:
 ONE_PROCESS = Drain(wait=_sessions_ended, live=_live_sessions)
 FRONT_OF_WORKERS = Drain(wait=_workers_drained, live=_live_on_workers)
 
+#: Opens a started app's gRPC listener (the app's startup has run when it is called).
+OpenGrpc = Callable[[web.Application], Awaitable[GrpcListener]]
+
 
 def serve(settings: Settings) -> int:
     """Run the server until SIGTERM or SIGINT, then drain and stop; return the exit status.
@@ -93,7 +98,21 @@ def serve(settings: Settings) -> int:
 
 async def _serve_one(settings: Settings) -> int:
     log_delay(settings)
-    return await run_server(build_app(settings), settings.server, ONE_PROCESS, name="server")
+    server = settings.server
+    app = build_app(settings)
+    return await run_server(app, server, ONE_PROCESS, name="server", grpc=_inference_grpc(server))
+
+
+def _inference_grpc(server: ServerSettings) -> OpenGrpc | None:
+    """The raw inference front doors on ``server.grpc_port`` (None when that is null)."""
+    port = server.grpc_port
+    if port is None:
+        return None
+
+    async def open_grpc(app: web.Application) -> GrpcListener:
+        return await start_inference_grpc(app, server.host, port)
+
+    return open_grpc
 
 
 async def _serve_front(settings: Settings, front: ClusterFront) -> int:
@@ -103,16 +122,28 @@ async def _serve_front(settings: Settings, front: ClusterFront) -> int:
 
 
 async def run_server(
-    app: web.Application, server: ServerSettings, drain: Drain, *, name: str
+    app: web.Application,
+    server: ServerSettings,
+    drain: Drain,
+    *,
+    name: str,
+    grpc: OpenGrpc | None = None,
 ) -> int:
-    """Serve ``app`` on ``server.host:port`` until a signal (then drain) or until the app
-    gives up; return the exit status (module doc)."""
+    """Serve ``app`` on ``server.host:port`` (and gRPC, when ``grpc`` opens a listener)
+    until a signal (then drain) or until the app gives up; return the exit status
+    (module doc). The gRPC listener closes with the HTTP one: its running calls get
+    ``server.request_timeout_s`` to finish, as HTTP requests do."""
     # Requests still running once the drain is over may take their own limit to finish.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=server.request_timeout_s)
     # Handlers go in before start-up, so a signal during it still ends in a clean exit.
     with ShutdownSignals(asyncio.get_running_loop()) as signals:
         await runner.setup()
+        grpc_listener: GrpcListener | None = None
         try:
+            # After runner.setup(), which ran the app's startup; before the HTTP listener,
+            # so that a server whose /health answers answers gRPC too.
+            if grpc is not None:
+                grpc_listener = await grpc(app)
             # aiohttp's protocols, wrapped by the connection guard (head timeout, cap).
             listener = await app[GUARD].listen(runner, server.host, server.port)
             logger.info("%s serving on http://%s:%d", name, server.host, server.port)
@@ -129,6 +160,8 @@ async def run_server(
                 )
             listener.close()  # no new connections; the open ones are closed next
         finally:
+            if grpc_listener is not None:  # before cleanup stops the core its calls use
+                await grpc_listener.close(server.request_timeout_s)
             await runner.cleanup()
     logger.info("%s stopped", name)
     return 0 if app[LIVENESS].failure is None else EXIT_FAILED

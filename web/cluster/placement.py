@@ -40,6 +40,9 @@ class WorkerReport:
     room_share: float  # its least-used-up resource's share left, 0..1
     draining: bool = False
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES as Ray set it
+    # Its gRPC listener (the raw inference front doors) on ``node``'s address as ``url``
+    # names it; None when server.grpc_port is null.
+    grpc_port: int | None = None
 
     def session_prefix(self) -> str:
         """What the ids of this worker's sessions start with."""

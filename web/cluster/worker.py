@@ -2,10 +2,12 @@
 
 The worker is the single-process server (``web.app.build_app``: its inference core, its
 sessions, their encoders and peer connections, its own event loop) listening on
-``cluster.worker_host`` at a port the OS picks. The front reaches it over HTTP for every
-request it routes (media never passes the front: the caller's UDP goes to the worker's
-own ICE candidates) and over Ray only for the small :class:`WorkerReport` and to drain
-it (``docs/architecture.md`` §14).
+``cluster.worker_host`` at a port the OS picks (and, unless ``server.grpc_port`` is null,
+serving the raw inference front doors over gRPC there at another port the OS picks,
+``WorkerReport.grpc_port``). The front reaches it over HTTP for every request it routes
+(media never passes the front: the caller's UDP goes to the worker's own ICE
+candidates) and over Ray only for the small :class:`WorkerReport` and to drain it
+(``docs/architecture.md`` §14).
 
 Ray runs this class as an async actor, so its methods run on the actor's event loop, the
 same loop the aiohttp server and aiortc use. The server starts on the first call (Ray
@@ -34,6 +36,7 @@ from streaming.webrtc.compat import loopback_only_ice
 from web.app import build_app
 from web.app_keys import CORE, DRAINING, SESSIONS
 from web.cluster.placement import SEPARATOR, WorkerReport
+from web.inference.grpc_server import GrpcListener, start_inference_grpc
 from web.log_format import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class Worker:
         self._name = name
         self._incarnation = secrets.token_hex(4)
         self._runner: web.AppRunner | None = None
+        self._grpc: GrpcListener | None = None
         self._url = ""
         self._lock = asyncio.Lock()
         self._node, self._node_id = _node_address(), _ray_node_id()  # fixed for the process
@@ -105,6 +109,7 @@ class Worker:
             room_share=totals.room_share,
             draining=app[DRAINING].draining,
             gpus=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            grpc_port=self._grpc.port if self._grpc is not None else None,
         )
 
     async def drain(self, timeout_s: float) -> int:
@@ -119,6 +124,9 @@ class Worker:
 
     async def stop(self) -> None:
         """Close the sessions, stop the server (the process then exits with the actor)."""
+        if self._grpc is not None:  # before the core its calls use stops
+            await self._grpc.close(self._settings.server.request_timeout_s)
+            self._grpc = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -141,14 +149,21 @@ class Worker:
         await site.start()
         port = runner.addresses[0][1]
         host = self._node if server.host in ("0.0.0.0", "::", "") else server.host
+        if server.grpc_port is not None:  # the front's port; a worker takes any free one
+            try:
+                self._grpc = await start_inference_grpc(app, server.host, 0)
+            except BaseException:
+                await runner.cleanup()
+                raise
         self._url = f"http://{host}:{port}"
         self._runner = runner
         logger.info(
-            "worker %s (incarnation %s, pid %d) serving on %s",
+            "worker %s (incarnation %s, pid %d) serving on %s (gRPC: %s)",
             self._name,
             self._incarnation,
             os.getpid(),
             self._url,
+            f"port {self._grpc.port}" if self._grpc is not None else "off",
         )
 
 
