@@ -110,7 +110,6 @@ _CODES: dict[str, str] = {
     "runs past the body, or is missing while inputs have `binary_data_size`",
     "bad_input_size": "a `binary_data_size` (or a JSON `data`'s value count) is not what the "
     "input's datatype and shape need",
-    "bad_content_encoding": "the body is compressed (`Content-Encoding`); send it as is",
     "version_not_found": "the model has no such version (`float`, `uint8`)",
     "not_ready": "not ready: the model is not loaded, or (for the server) the inference core "
     "is not running, a device has no running workers or the server is draining",

@@ -34,7 +34,6 @@ from aiohttp import StreamReader, web
 
 from web.errors import RequestError
 from web.inference.contract import Contract, DeclaredTensor, TensorInfo
-from web.request_body import read_limited
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: The JSON around the tensors' values (names, shapes, parameters): what a request needs
@@ -320,18 +319,21 @@ class RequestHeader:
     length: int | None
 
 
+def body_length(request: web.Request) -> int | None:
+    """The body's length as it is read: ``Content-Length``, unless the body is chunked or
+    compressed (aiohttp decodes gzip and deflate as it reads, and the protocol's lengths
+    count decoded bytes; ``tritonclient`` compresses on request): then unknown."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    return request.content_length if encoding == "identity" else None
+
+
 async def read_header(request: web.Request, limit: int) -> RequestHeader:
     """The request's JSON, at most ``limit`` bytes (413 past it), parsed; nothing after it
-    is read. A compressed body is refused (415): its size would say nothing."""
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding != "identity":
-        raise RequestError(
-            415, "bad_content_encoding", f"compressed requests ({encoding[:32]}) are not supported"
-        )
-    size = request.content_length
+    is read."""
+    size = body_length(request)
     length = header_length(request.headers.get(HEADER_LENGTH), size)
-    if length is None and size is None:  # chunked: read as it comes, still bounded
-        text: bytes | bytearray = await read_limited(request, limit, "the JSON body")
+    if length is None and size is None:  # read as it comes, still bounded
+        text: bytes | bytearray = await _read_at_most(request.content, limit, "the JSON body")
     else:
         what = "the JSON body" if length is None else "the JSON header"
         wanted = size if length is None else length
@@ -354,7 +356,7 @@ async def read_tensors(
     """Each input's bytes by name, once the declared sizes passed :func:`binary_sizes`:
     the blobs read into one buffer sized for them and viewed per input (no copy), the
     JSON ``data`` converted. 400 for a body that ends sooner or runs on."""
-    size = request.content_length
+    size = body_length(request)
     after = None if header.length is None or size is None else size - header.length
     blobs = binary_sizes(header.request, contract, n, 0 if header.length is None else after)
     view = memoryview(await read_exactly(request.content, sum(s for _, s in blobs), "the tensors"))
@@ -371,6 +373,18 @@ async def read_tensors(
             tensor = contract.visual if name == contract.visual.name else contract.audio
             tensors[name] = json_values(tensor, n, item.data).data.cast("B")
     return tensors
+
+
+async def _read_at_most(stream: StreamReader, limit: int, what: str) -> bytes:
+    """The body to its end, 413 once past ``limit`` bytes (kept as chunks, joined once)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.read(limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, "body_too_large", f"{what} is over the limit of {limit} bytes")
+    return b"".join(chunks)
 
 
 async def read_exactly(stream: StreamReader, size: int, what: str) -> bytearray:

@@ -406,7 +406,6 @@ PROTOCOL_OPERATIONS = (
                 ),
                 404: ("model_not_found", "version_not_found"),
                 413: ("body_too_large",),
-                415: ("bad_content_encoding",),
                 500: (*_MODEL_OPEN_500, "inference_failed"),
                 503: (*_MODEL_OPEN_503, "queue_full", "model_not_ready"),
                 504: ("deadline_exceeded",),
