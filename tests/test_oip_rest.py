@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -31,37 +30,29 @@ from aiohttp.test_utils import TestClient, TestServer
 from tritonclient.utils import InferenceServerException
 
 from config.settings import Settings
-from inference_core.adapter.lipsync import LipSyncAdapter
-from inference_core.adapter.spec import AdapterSpec
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.loaded_model import LoadedModel
 from tests.live_calls import TIMEOUT_S, until
-from tests.onnx_builders import tiny_lipsync
-from tests.packages import make_package
+from tests.oip_models import (
+    AUDIO,
+    AUDIO_SHAPE,
+    BEARER,
+    LARGE_BODY_WARNING,
+    OUTPUT,
+    TOKEN,
+    VISUAL,
+    S,
+    assert_output,
+    avatar,
+    frames,
+    triton_inputs,
+)
 from tests.server_process import lipstream_serve
 from web.app import build_app
 
-# Not what the builder or any exporter calls them: names must come from the model itself.
-VISUAL, AUDIO, OUTPUT = "face_crops", "whisper_feats", "output"
-S, AUDIO_SHAPE = 320, (32, 16, 16)
-TOKEN = "oip-admin-token"
-BEARER = {"Authorization": f"Bearer {TOKEN}"}
 HEADER = "Inference-Header-Content-Length"
 Client = TestClient[Any, Any]
-
-# tritonclient.http.aio posts its request bytes to aiohttp as they are, and aiohttp warns
-# (ResourceWarning) that a body over 1 MiB given as bytes could block the event loop: the
-# client's choice, not a fault of the server; only here, and only that warning.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Sending a large body directly with raw bytes:ResourceWarning"
-)
-
-
-def _avatar(root: Path, name: str = "alice") -> Path:
-    """A test avatar whose ONNX model has its own tensor names (audio declared first)."""
-    directory = make_package(root / name)
-    tiny_lipsync(directory / "lipsync.onnx", visual_name=VISUAL, audio_name=AUDIO, audio_first=True)
-    return directory / "lipsync.onnx"
+pytestmark = pytest.mark.filterwarnings(LARGE_BODY_WARNING)
 
 
 def _settings(root: Path, **sections: Any) -> Settings:
@@ -72,48 +63,6 @@ def _settings(root: Path, **sections: Any) -> Settings:
             **sections,
         }
     )
-
-
-def _frames(n: int, *, uint8: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    visual: np.ndarray = (
-        rng.integers(0, 256, (n, S, S, 3), dtype=np.uint8)
-        if uint8
-        else rng.random((n, 6, S, S), dtype=np.float32)
-    )
-    return visual, rng.normal(0, 1, (n, *AUDIO_SHAPE)).astype(np.float32)
-
-
-def _inputs(
-    module: ModuleType, visual: np.ndarray, audio: np.ndarray, *, binary: bool = True
-) -> list[Any]:
-    datatype = "UINT8" if visual.dtype == np.uint8 else "FP32"
-    tensors = [
-        module.InferInput(VISUAL, list(visual.shape), datatype),
-        module.InferInput(AUDIO, list(audio.shape), "FP32"),
-    ]
-    tensors[0].set_data_from_numpy(visual, binary_data=binary)
-    tensors[1].set_data_from_numpy(audio, binary_data=binary)
-    return tensors
-
-
-def _expected(model: Path, visual: np.ndarray, audio: np.ndarray) -> np.ndarray:
-    """What the model itself gives: a plain onnxruntime session (float), the serving graph
-    the live path runs (uint8)."""
-    if visual.dtype == np.uint8:
-        return LipSyncAdapter.from_path(model, AdapterSpec()).run(visual, audio)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return np.asarray(session.run([OUTPUT], {VISUAL: visual, AUDIO: audio})[0])
-
-
-def _assert_output(model: Path, visual: np.ndarray, audio: np.ndarray, got: np.ndarray) -> None:
-    expected = _expected(model, visual, audio)
-    assert got.dtype == expected.dtype
-    assert got.shape == expected.shape
-    if visual.dtype == np.uint8:
-        np.testing.assert_array_equal(got, expected)  # bit-exact, as on the live path
-    else:
-        np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
 def _status(error: pytest.ExceptionInfo[InferenceServerException]) -> str:
@@ -132,7 +81,7 @@ class Served:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     tmp = tmp_path_factory.mktemp("served")
-    model = _avatar(tmp / "avatars")
+    model = avatar(tmp / "avatars")
     settings = {"admin_token": TOKEN}
     async with lipstream_serve(tmp, server=settings, demo=False) as server:
         yield Served(f"127.0.0.1:{server.port}", model)
@@ -216,13 +165,13 @@ class TestAServedProcess:
         for uint8 in (False, True):
             for n in (1, 8):
                 for binary in (True, False):
-                    visual, audio = _frames(n, uint8=uint8, seed=n)
+                    visual, audio = frames(n, uint8=uint8, seed=n)
                     # Binary: tritonclient's default (binary inputs, every output as bytes).
                     # JSON: inputs as data, the output asked for as data.
                     outputs = None if binary else [triton.InferRequestedOutput(OUTPUT, False)]
                     result = client.infer(
                         "alice",
-                        _inputs(triton, visual, audio, binary=binary),
+                        triton_inputs(visual, audio, binary=binary),
                         outputs=outputs,
                         request_id=f"r{requests}",
                     )
@@ -232,7 +181,7 @@ class TestAServedProcess:
                     (described,) = response["outputs"]
                     assert ("parameters" in described) is binary
                     assert ("data" in described) is not binary
-                    _assert_output(served.model, visual, audio, result.as_numpy(OUTPUT))
+                    assert_output(served.model, visual, audio, result.as_numpy(OUTPUT))
                     requests += 1
                     frames_sent += n
 
@@ -240,15 +189,15 @@ class TestAServedProcess:
             # The request compressed on the way (tritonclient's option): lengths count
             # the decoded bytes.
             for version, uint8, compression in (("", False, None), ("uint8", True, "gzip")):
-                visual, audio = _frames(8, uint8=uint8, seed=9)
+                visual, audio = frames(8, uint8=uint8, seed=9)
                 result = await aio.infer(
                     "alice",
-                    _inputs(triton_aio, visual, audio),
+                    triton_inputs(visual, audio),
                     model_version=version,
                     outputs=[triton_aio.InferRequestedOutput(OUTPUT)],
                     request_compression_algorithm=compression,
                 )
-                _assert_output(served.model, visual, audio, result.as_numpy(OUTPUT))
+                assert_output(served.model, visual, audio, result.as_numpy(OUTPUT))
                 requests += 1
                 frames_sent += 8
 
@@ -266,14 +215,14 @@ class TestAServedProcess:
     ) -> None:
         client = sync_client
         before = _stats(client)
-        visual, audio = _frames(2, uint8=False)
-        wrong_shape = _inputs(triton, visual[:, :, :, :-1].copy(), audio)
+        visual, audio = frames(2, uint8=False)
+        wrong_shape = triton_inputs(visual[:, :, :, :-1].copy(), audio)
         fp16 = triton.InferInput(VISUAL, list(visual.shape), "FP16")
         fp16.set_data_from_numpy(visual.astype(np.float16))
-        wrong_dtype = [fp16, _inputs(triton, visual, audio)[1]]
-        lying = _inputs(triton, visual, audio[:1])
+        wrong_dtype = [fp16, triton_inputs(visual, audio)[1]]
+        lying = triton_inputs(visual, audio[:1])
         lying[0].set_shape([1, 6, S, S])  # two frames' bytes declared as one frame
-        unnamed = _inputs(triton, visual, audio)
+        unnamed = triton_inputs(visual, audio)
         unnamed[0] = triton.InferInput("input", list(visual.shape), "FP32")
         unnamed[0].set_data_from_numpy(visual)
         for inputs, model, status, words in (
@@ -281,19 +230,19 @@ class TestAServedProcess:
             (wrong_dtype, "alice", "400", "must be FP32, got FP16"),
             (lying, "alice", "400", "binary_data_size is"),
             (unnamed, "alice", "400", f"takes the inputs {VISUAL}"),
-            (_inputs(triton, visual, audio), "nobody", "404", "nobody"),
+            (triton_inputs(visual, audio), "nobody", "404", "nobody"),
         ):
             with pytest.raises(InferenceServerException) as refused:
                 client.infer(model, inputs)
             assert _status(refused) == status
             assert words in refused.value.message()
         with pytest.raises(InferenceServerException) as no_version:
-            client.infer("alice", _inputs(triton, visual, audio), model_version="2")
+            client.infer("alice", triton_inputs(visual, audio), model_version="2")
         assert _status(no_version) == "404"
         with pytest.raises(InferenceServerException) as no_output:
             client.infer(
                 "alice",
-                _inputs(triton, visual, audio),
+                triton_inputs(visual, audio),
                 outputs=[triton.InferRequestedOutput("faces")],
             )
         assert _status(no_output) == "400"
@@ -301,8 +250,8 @@ class TestAServedProcess:
         after = _stats(client)
         assert after["inference_stats"] == before["inference_stats"]
         assert after["inference_count"] == before["inference_count"]
-        good = client.infer("alice", _inputs(triton, visual, audio))
-        _assert_output(served.model, visual, audio, good.as_numpy(OUTPUT))
+        good = client.infer("alice", triton_inputs(visual, audio))
+        assert_output(served.model, visual, audio, good.as_numpy(OUTPUT))
 
     async def test_the_repository_loads_and_unloads_through_the_registry(
         self, served: Served, sync_client: triton.InferenceServerClient
@@ -374,7 +323,7 @@ class HeldWorker:
 async def test_a_full_queue_is_503_with_retry_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = _avatar(tmp_path / "avatars")
+    model = avatar(tmp_path / "avatars")
     settings = _settings(
         tmp_path / "avatars",
         devices={"kind": "cpu", "count": 1, "workers_per_device": 1},
@@ -386,14 +335,14 @@ async def test_a_full_queue_is_503_with_retry_after(
     ):
         await client.load_model("alice")  # loaded (and warmed) before the worker is held
         held = HeldWorker(monkeypatch)
-        visual, audio = _frames(1, uint8=False)
-        first = asyncio.create_task(client.infer("alice", _inputs(triton_aio, visual, audio)))
+        visual, audio = frames(1, uint8=False)
+        first = asyncio.create_task(client.infer("alice", triton_inputs(visual, audio)))
         try:
             await until(held.entered.is_set, "the worker to take the first batch")
             # The worker is held: of two frames, one fits the queue and the other does not.
-            two = _frames(2, uint8=True)
+            two = frames(2, uint8=True)
             with pytest.raises(InferenceServerException) as full:
-                await client.infer("alice", _inputs(triton_aio, *two))
+                await client.infer("alice", triton_inputs(*two))
             assert _status(full) == "503"
             assert "queue is full" in full.value.message()
             body = json.dumps(
@@ -413,7 +362,7 @@ async def test_a_full_queue_is_503_with_retry_after(
         finally:
             held.release()
         result = await first
-        _assert_output(model, visual, audio, result.as_numpy(OUTPUT))
+        assert_output(model, visual, audio, result.as_numpy(OUTPUT))
         (stats,) = (await client.get_inference_statistics("alice"))["model_stats"]
         assert stats["inference_stats"]["fail"]["count"] == 2
         assert stats["inference_stats"]["success"]["count"] == 1
@@ -422,16 +371,16 @@ async def test_a_full_queue_is_503_with_retry_after(
 async def test_a_model_not_loaded_is_refused_until_the_repository_loads_it(
     tmp_path: Path,
 ) -> None:
-    model = _avatar(tmp_path / "avatars")
-    _avatar(tmp_path / "avatars", "bob")
+    model = avatar(tmp_path / "avatars")
+    avatar(tmp_path / "avatars", "bob")
     settings = _settings(tmp_path / "avatars", registry={"load_on_infer": False})
-    visual, audio = _frames(2, uint8=True)
+    visual, audio = frames(2, uint8=True)
     async with (
         _serving(settings) as (http, url),
         triton_aio.InferenceServerClient(url) as client,
     ):
         with pytest.raises(InferenceServerException) as refused:
-            await client.infer("alice", _inputs(triton_aio, visual, audio))
+            await client.infer("alice", triton_inputs(visual, audio))
         assert _status(refused) == "503"
         assert "registry.load_on_infer is false" in refused.value.message()
         assert not await client.is_model_ready("alice")
@@ -443,8 +392,8 @@ async def test_a_model_not_loaded_is_refused_until_the_repository_loads_it(
         assert not await client.is_model_ready("bob")
         ready_only = await http.post("/v2/repository/index", json={"ready": True})
         assert await ready_only.json() == [{"name": "alice", "state": "READY", "reason": ""}]
-        result = await client.infer("alice", _inputs(triton_aio, visual, audio))
-        _assert_output(model, visual, audio, result.as_numpy(OUTPUT))
+        result = await client.infer("alice", triton_inputs(visual, audio))
+        assert_output(model, visual, audio, result.as_numpy(OUTPUT))
 
         loaded = await http.post(
             "/v2/repository/models/bob/load", json={"parameters": {"device": 0}}
@@ -516,9 +465,9 @@ async def _raw_post(port: int, path: str, head: bytes, length: int) -> tuple[int
 async def test_malformed_bodies_are_refused_before_their_tensors_are_read(
     tmp_path: Path,
 ) -> None:
-    model = _avatar(tmp_path / "avatars")
+    model = avatar(tmp_path / "avatars")
     infer = "/v2/models/alice/infer"
-    one = _frames(1, uint8=False)
+    one = frames(1, uint8=False)
     blobs = one[0].tobytes() + one[1].tobytes()
     async with _serving(_settings(tmp_path / "avatars")) as (http, url):
         port = http.port
@@ -596,7 +545,7 @@ async def test_malformed_bodies_are_refused_before_their_tensors_are_read(
             assert words in (await answer.json())["error"]
 
         # JSON data nested as the shape is, mixed with a binary input, the output as bytes.
-        visual, audio_window = _frames(1, uint8=True, seed=5)
+        visual, audio_window = frames(1, uint8=True, seed=5)
         mixed_head = _header(
             [
                 tensor(VISUAL, "UINT8", [1, S, S, 3], visual.tolist()),
@@ -616,16 +565,16 @@ async def test_malformed_bodies_are_refused_before_their_tensors_are_read(
         size = described["outputs"][0]["parameters"]["binary_data_size"]
         faces = np.frombuffer(content[length:], np.uint8)
         assert faces.size == size == S * S * 3
-        _assert_output(model, visual, audio_window, faces.reshape(1, S, S, 3))
+        assert_output(model, visual, audio_window, faces.reshape(1, S, S, 3))
 
         # After all that, the server answers a good request as ever.
         async with triton_aio.InferenceServerClient(url) as client:
-            good = await client.infer("alice", _inputs(triton_aio, *one))
-            _assert_output(model, *one, good.as_numpy(OUTPUT))
+            good = await client.infer("alice", triton_inputs(*one))
+            assert_output(model, *one, good.as_numpy(OUTPUT))
 
 
 async def test_protocol_routes_answer_errors_in_the_protocols_shape(tmp_path: Path) -> None:
-    _avatar(tmp_path / "avatars")
+    avatar(tmp_path / "avatars")
     async with _serving(_settings(tmp_path / "avatars", server={"admin_token": TOKEN})) as (
         http,
         _,

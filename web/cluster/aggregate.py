@@ -209,7 +209,7 @@ async def model_action(
         body = parse_json_object(raw) if raw.strip() else {}
         device = body.get("device")
         if device is not None:  # an index into /admin/stats' devices: that worker's device
-            named, body["device"] = await _device_of(front, http, device)
+            named, body["device"] = await device_index(front, http, device)
     if named is not None:
         worker = front.workers.get(named)
         if worker is None or not worker.answering:
@@ -249,7 +249,7 @@ async def model_action(
     )
 
 
-async def _device_of(
+async def device_index(
     front: ClusterFront, http: aiohttp.ClientSession, index: object
 ) -> tuple[str, int]:
     """The worker and its own device index for ``index`` in the merged device list."""

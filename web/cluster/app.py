@@ -12,7 +12,9 @@ one (``docs/architecture.md`` §14):
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
   worker has that name, ``410 session_lost`` when the worker restarted since); the audio
   stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
-- ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call).
+- ``/v1/infer/{model_id}`` goes where that model is loaded (placement as for a call), and
+  so do the Open Inference Protocol's model routes; its health, metadata, repository and
+  statistics are the front's own or cover every worker (``web/cluster/inference_protocol.py``).
 - ``/health`` (200 unless the front gave up on its Ray runtime, ``web/cluster/front.py``),
   ``/ready`` (200 while at least one worker answers, the runtime is there and the front is
   not draining) and ``/admin/workers`` (each worker's last report) are the front's own;
@@ -41,12 +43,14 @@ from config.settings import Settings
 from web.admin_auth import Handler, admin_denial, admin_only
 from web.app_keys import DRAINING, LIVENESS, SETTINGS
 from web.cluster import aggregate
+from web.cluster import inference_protocol as v2
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
 from web.cluster.relay import relay_event_stream, relay_websocket
 from web.edge import edge_app
 from web.errors import RequestError
 from web.health import health
+from web.inference import rest
 from web.offer_gate import check_offer_request
 
 logger = logging.getLogger(__name__)
@@ -95,12 +99,50 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     )
     router.add_delete("/admin/sessions/{session_id}", admin_only(to_session))
     router.add_get("/metrics", _view(aggregate.metrics))
+    _add_inference_protocol_routes(router)
     router.add_route("*", "/{tail:.*}", to_any)
     return app
 
 
+def _add_inference_protocol_routes(router: web.UrlDispatcher) -> None:
+    """``/v2`` as one process serves it (``web/inference/rest.py``), over the workers."""
+
+    def route(method: str, path: str, handler: Handler) -> None:
+        router.add_route(method, path, rest.protocol_errors(handler))
+
+    route("GET", "/v2/health/live", rest.live)
+    route("GET", "/v2/health/ready", protocol_ready)
+    route("GET", "/v2", rest.server_metadata)
+    # Before the model routes: "stats" is not a model.
+    route("GET", "/v2/models/stats", _protocol(v2.statistics))
+    for model in ("/v2/models/{model_id}", "/v2/models/{model_id}/versions/{version}"):
+        route("GET", f"{model}/stats", _protocol(v2.statistics))
+        for method, tail in (
+            ("GET", ""),
+            ("GET", "/ready"),
+            ("GET", "/config"),
+            ("POST", "/infer"),
+        ):
+            route(method, model + tail, _protocol(v2.to_model))
+    route("POST", "/v2/repository/index", _protocol(v2.repository_index))
+    route(
+        "POST",
+        "/v2/repository/models/{model_id}/{action:load|unload}",
+        _protocol(v2.repository_action),
+    )
+
+
 def _view(view: aggregate.View) -> Handler:
     """An aggregate view as a route handler."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await view(request, request.app[FRONT], request.app[HTTP])
+
+    return handler
+
+
+def _protocol(view: v2.ProtocolView) -> Handler:
+    """A protocol view of the front as a route handler."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await view(request, request.app[FRONT], request.app[HTTP])
@@ -194,23 +236,38 @@ async def to_any(request: web.Request) -> web.StreamResponse:
     return await _forward(request, answering[0], request.content, admin=admin)
 
 
-async def ready(request: web.Request) -> web.Response:
-    """200 while at least one worker answers, the Ray runtime is there and the front is not
-    draining; else 503 with every reason."""
-    front = request.app[FRONT]
+def _unready(app: web.Application) -> list[str]:
+    """Why the front is not ready: no worker answering, no Ray runtime, or draining."""
+    front = app[FRONT]
     workers = front.workers.values()
-    up = sum(w.usable for w in workers)
     reasons = []
     if front.problem is not None:  # the runtime died: being restarted, reconnected to, or lost
         reasons.append(front.problem)
-    if up == 0:
+    if not any(w.usable for w in workers):
         reasons.append(f"none of the {len(workers)} workers is answering")
-    if request.app[DRAINING].draining:
+    if app[DRAINING].draining:
         reasons.append("the server is draining: it takes no new sessions")
+    return reasons
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 while at least one worker answers, the Ray runtime is there and the front is not
+    draining; else 503 with every reason."""
+    workers = request.app[FRONT].workers.values()
+    up = sum(w.usable for w in workers)
+    reasons = _unready(request.app)
     body: dict[str, Any] = {"ready": not reasons, "workers": {"up": up, "total": len(workers)}}
     if reasons:
         body["reasons"] = reasons
     return web.json_response(body, status=503 if reasons else 200)
+
+
+async def protocol_ready(request: web.Request) -> web.Response:
+    """``/v2/health/ready``: ``/ready``'s rule, in the protocol's shape."""
+    reasons = _unready(request.app)
+    if reasons:
+        raise RequestError(503, "not_ready", "; ".join(reasons))
+    return web.json_response({"ready": True})
 
 
 async def list_workers(request: web.Request) -> web.Response:
