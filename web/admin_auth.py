@@ -81,7 +81,7 @@ def is_local_request(request: web.Request) -> bool:
     return origin is None or _names_this_machine(origin)
 
 
-def _bearer_matches(header: str | None, token: SecretStr) -> bool:
+def bearer_matches(header: str | None, token: SecretStr) -> bool:
     if header is None:
         return False
     scheme, _, presented = header.partition(" ")
@@ -100,7 +100,7 @@ def admin_denial(
     ``page=True`` skips the token check (not the loopback rule) for the admin page.
     """
     if token is not None and token.get_secret_value():
-        if page or _bearer_matches(request.headers.get("Authorization"), token):
+        if page or bearer_matches(request.headers.get("Authorization"), token):
             return None
         logger.info("admin request refused (no valid token): %s %s", request.method, request.path)
         response = json_error(401, "unauthorized", UNAUTHORIZED_MESSAGE)

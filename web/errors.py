@@ -124,7 +124,7 @@ def classify(exc: Exception) -> RequestError:
     """``exc`` as the status, code, message and Retry-After it is answered with.
 
     Every front door shares this table: the JSON API, the Open Inference Protocol's
-    ``{"error": "..."}`` bodies and the gRPC status codes (``web/inference/errors.py``).
+    ``{"error": "..."}`` bodies and the gRPC status codes (``web/inference/grpc_status.py``).
     Anything not mapped is a 500 whose message hides the internals.
     """
     if isinstance(exc, RequestError):

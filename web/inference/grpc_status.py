@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import Message
 from pydantic import SecretStr
 
-from web.admin_auth import FORBIDDEN_MESSAGE, UNAUTHORIZED_MESSAGE, _bearer_matches, is_loopback
+from web.admin_auth import FORBIDDEN_MESSAGE, UNAUTHORIZED_MESSAGE, bearer_matches, is_loopback
 from web.errors import RequestError, classify
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def check_admin(context: Context, token: SecretStr | None) -> None:
     metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
     if token is not None and token.get_secret_value():
         header = metadata.get("authorization")
-        if _bearer_matches(header if isinstance(header, str) else None, token):
+        if bearer_matches(header if isinstance(header, str) else None, token):
             return
         logger.info("gRPC admin call refused (no valid token) from %s", context.peer())
         raise RequestError(401, "unauthorized", UNAUTHORIZED_MESSAGE)
