@@ -202,6 +202,7 @@ async def test_the_repository_and_statistics_cover_every_worker(cluster: Cluster
 async def test_the_front_answers_errors_in_the_protocols_shape(cluster: Cluster) -> None:
     http = cluster.http
     device_5 = b'{"parameters": {"device": 5}}'
+    configured = b'{"parameters": {"config": "{}"}}'
     for method, path, status, headers, body in (
         ("GET", "/v2/models/nobody", 404, {}, None),  # the worker's answer, relayed
         ("GET", "/v2/models/nobody/stats", 404, {}, None),
@@ -210,6 +211,7 @@ async def test_the_front_answers_errors_in_the_protocols_shape(cluster: Cluster)
         ("POST", "/v2/repository/models/alice/load", 401, {}, None),  # the operator's rule
         ("POST", "/v2/repository/models/nobody/load", 404, BEARER, None),  # the worker's
         ("POST", "/v2/repository/models/alice/load", 400, BEARER, device_5),  # the front's
+        ("POST", "/v2/repository/models/alice/load", 400, BEARER, configured),  # the worker's
     ):
         answer = await http.request(method, path, headers=headers, data=body)
         assert answer.status == status, (path, await answer.text())

@@ -185,15 +185,16 @@ async def repository_action(
     model_id = check_avatar_id(request.match_info["model_id"])
     action = request.match_info["action"]
     raw = await read_limited(request, MAX_REPOSITORY_BODY)
+    body = parse_json(raw, "the body") if raw.strip() else {}  # the worker checks the rest
     answering = [w for w in front.workers.values() if w.answering and w.report is not None]
-    body: dict[str, Any] = {}
     if action == "load":
         targets = candidates(model_id, list(front.workers.values()))[:1]
-        device = _load_device(raw)
+        parameters = body.get("parameters")
+        device = parameters.get("device") if isinstance(parameters, dict) else None
         if device is not None:  # an index into /admin/stats' devices: that worker's device
             name, local = await device_index(front, http, device)
             targets = [front.workers[name]]
-            body = {"parameters": {"device": local}}
+            body = {**body, "parameters": {**(parameters or {}), "device": local}}
     else:
         held = [w for w in answering if w.report is not None and model_id in w.report.models]
         targets = held or answering[:1]  # held nowhere: one worker says 200 or 404
@@ -204,14 +205,6 @@ async def repository_action(
         await _repository_call(front, http, worker, path, body)
         front.report_soon(worker.name)
     return web.Response(status=200)
-
-
-def _load_device(raw: bytes) -> object:
-    """The ``device`` parameter of a load body (the worker checks the rest)."""
-    if not raw.strip():
-        return None
-    parameters = parse_json(raw, "the body").get("parameters")
-    return parameters.get("device") if isinstance(parameters, dict) else None
 
 
 async def _repository_call(

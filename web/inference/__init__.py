@@ -3,5 +3,7 @@
 ``contract`` says what a model's tensors look like over a protocol (two versions: the
 model's own float interface and the serving graph's uint8 one); ``door`` is the one way
 into the inference core every front door takes (``/v1/infer``, the Open Inference
-Protocol v2 over REST and gRPC, the seed's ``InferenceService``).
+Protocol v2 over REST and gRPC, the seed's ``InferenceService``). ``rest`` serves the
+protocol's ``/v2`` on the HTTP port; ``binary_tensors`` is its requests and answers on the
+wire (JSON tensors and the binary tensor extension).
 """

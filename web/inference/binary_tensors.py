@@ -332,15 +332,8 @@ async def read_header(request: web.Request, limit: int) -> RequestHeader:
     is read."""
     size = body_length(request)
     length = header_length(request.headers.get(HEADER_LENGTH), size)
-    if length is None and size is None:  # read as it comes, still bounded
-        text: bytes | bytearray = await _read_at_most(request.content, limit, "the JSON body")
-    else:
-        what = "the JSON body" if length is None else "the JSON header"
-        wanted = size if length is None else length
-        assert wanted is not None
-        if wanted > limit:
-            raise RequestError(413, "body_too_large", f"{what} is {wanted} bytes; at most {limit}")
-        text = await read_exactly(request.content, wanted, what)
+    what = "the JSON body" if length is None else "the JSON header"
+    text = await _read_text(request.content, size if length is None else length, limit, what)
     parsed = parse_request(parse_json(text, "the request"))
     if length is None and any(i.binary_size is not None for i in parsed.inputs):
         raise _bad(
@@ -359,7 +352,7 @@ async def read_tensors(
     size = body_length(request)
     after = None if header.length is None or size is None else size - header.length
     blobs = binary_sizes(header.request, contract, n, 0 if header.length is None else after)
-    view = memoryview(await read_exactly(request.content, sum(s for _, s in blobs), "the tensors"))
+    view = memoryview(await _read_exactly(request.content, sum(s for _, s in blobs), "the tensors"))
     if size is None and await request.content.read(1):
         raise _bad("the body runs on past the tensors it declares", code="bad_body_size")
     tensors: dict[str, memoryview] = {}
@@ -375,21 +368,32 @@ async def read_tensors(
     return tensors
 
 
-async def _read_at_most(stream: StreamReader, limit: int, what: str) -> bytes:
-    """The body to its end, 413 once past ``limit`` bytes (kept as chunks, joined once)."""
+async def _read_text(stream: StreamReader, size: int | None, limit: int, what: str) -> bytes:
+    """``size`` bytes of JSON (None: to the body's end), at most ``limit`` (413 past it;
+    400 when the body ends sooner). Kept as the chunks arrive and joined once, so nothing
+    is held for bytes a client only declared."""
+    if size is not None and size > limit:
+        raise RequestError(413, "body_too_large", f"{what} is {size} bytes; at most {limit}")
+    wanted = limit + 1 if size is None else size
     chunks: list[bytes] = []
-    size = 0
-    while chunk := await stream.read(limit + 1 - size):
+    got = 0
+    while got < wanted:
+        chunk = await stream.read(wanted - got)
+        if not chunk:
+            if size is None:
+                break
+            raise _bad(f"the body ended {size - got} bytes short in {what}", code="bad_body_size")
         chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, "body_too_large", f"{what} is over the limit of {limit} bytes")
+        got += len(chunk)
+    if got > limit:
+        raise RequestError(413, "body_too_large", f"{what} is over the limit of {limit} bytes")
     return b"".join(chunks)
 
 
-async def read_exactly(stream: StreamReader, size: int, what: str) -> bytearray:
-    """Exactly ``size`` bytes into one buffer allocated for them (400 when the body ends
-    sooner): one copy from the socket's chunks, none after."""
+async def _read_exactly(stream: StreamReader, size: int, what: str) -> bytearray:
+    """Exactly ``size`` bytes (checked against the contract before: at most the largest
+    request's) into one buffer allocated for them (400 when the body ends sooner): one
+    copy from the socket's chunks, none after."""
     buffer = bytearray(size)
     view = memoryview(buffer)
     filled = 0
