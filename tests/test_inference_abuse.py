@@ -1,0 +1,194 @@
+"""Malformed raw inference requests on every door, while a live call speaks on.
+
+Each request below is refused with its own error before the server reads or allocates
+its tensors (``docs/architecture.md`` §17), and the live call on the same core keeps
+sending lip-synced frames all along: nothing a raw client sends can stall a call.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from tests.grpc_served import (
+    AUDIO_NAME,
+    MODEL,
+    VISUAL_NAME,
+    Served,
+    float_inputs,
+    make_avatar,
+    served,
+    settings_for,
+)
+from tests.live_calls import GENEROUS_MARGIN_MS, session_state, until
+from tests.media import write_wav
+from tests.webrtc_client import Caller
+from web.inference.grpc_server import message_limits
+from web.inference.protos import grpc_service_pb2 as pb
+
+HEADER = "Inference-Header-Content-Length"
+FRAME_BYTES = 6 * 320 * 320 * 4
+AUDIO_BYTES = 32 * 16 * 16 * 4
+
+
+@pytest.fixture
+async def server(tmp_path: Path, loopback: None) -> AsyncIterator[Served]:
+    root = tmp_path / "avatars"
+    make_avatar(root, MODEL)
+    settings = settings_for(
+        root,
+        avatars={"root": str(root), "data_dir": str(tmp_path / "data"), "demo": True},
+        video={"preset": "ultrafast"},
+        session={"pipeline_margin_ms": GENEROUS_MARGIN_MS},
+    )
+    async with served(settings) as running:
+        yield running
+
+
+def _header(*, visual_bytes: int = FRAME_BYTES, shape: list[int] | None = None) -> bytes:
+    return json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": VISUAL_NAME,
+                    "datatype": "FP32",
+                    "shape": shape or [1, 6, 320, 320],
+                    "parameters": {"binary_data_size": visual_bytes},
+                },
+                {
+                    "name": AUDIO_NAME,
+                    "datatype": "FP32",
+                    "shape": [1, 32, 16, 16],
+                    "parameters": {"binary_data_size": AUDIO_BYTES},
+                },
+            ]
+        }
+    ).encode()
+
+
+def _rest_abuse() -> list[tuple[str, bytes, dict[str, str], str]]:
+    """(what, body, headers, words of the error) for each malformed REST request."""
+    good = _header()
+    blobs = bytes(FRAME_BYTES + AUDIO_BYTES)
+    return [
+        (
+            "a binary_data_size past what the contract takes",
+            _header(visual_bytes=FRAME_BYTES * 1000) + blobs,
+            {HEADER: str(len(_header(visual_bytes=FRAME_BYTES * 1000)))},
+            "binary_data_size",
+        ),
+        (
+            "a header length past the body",
+            good + blobs,
+            {HEADER: str(len(good) + len(blobs) + 1)},
+            HEADER,
+        ),
+        (
+            "an absurd header length",
+            good + blobs,
+            {HEADER: "99999999999999999999"},
+            HEADER,
+        ),
+        ("a truncated body", good + blobs[:-1000], {HEADER: str(len(good))}, "bytes"),
+        (
+            "an absurd shape",
+            _header(shape=[1, 6, 320, 2**40]) + blobs,
+            {HEADER: str(len(_header(shape=[1, 6, 320, 2**40])))},
+            "shape",
+        ),
+        ("a header that is not JSON", b"{nope" + blobs, {HEADER: "5"}, "JSON"),
+    ]
+
+
+async def _speak(served: Served, session_id: str, wav: bytes) -> None:
+    response = await served.http.post(
+        f"/sessions/{session_id}/audio", data=wav, headers={"Content-Type": "audio/wav"}
+    )
+    assert response.status == 202, await response.text()
+
+
+@pytest.mark.slow
+async def test_malformed_requests_are_refused_while_a_call_speaks_on(
+    server: Served,
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+    tmp_path: Path,
+) -> None:
+    caller = Caller(server.http, "demo")
+    caller.keep_luma = False
+    await caller.connect(microphone=None)
+    try:
+        await caller.wait_for_frames(1)
+        pcm, _ = speech_16k
+        wav = write_wav(tmp_path / "speech.wav", pcm, 16_000).read_bytes()
+        for _ in range(3):  # ~12 s of speech queued: the call speaks through all of this
+            await _speak(server, caller.session_id, wav)
+        before = await session_state(server.http, caller.session_id)
+
+        url = f"/v2/models/{MODEL}/infer"
+        for what, body, headers, words in _rest_abuse():
+            response = await server.http.post(url, data=io.BytesIO(body), headers=headers)
+            error: dict[str, Any] = await response.json()
+            assert response.status == 400, (what, error)
+            assert isinstance(error["error"], str), what
+            assert words in error["error"], (what, error)
+
+        limit = message_limits().receive_bytes
+        async with grpc.aio.insecure_channel(
+            server.address,
+            options=[("grpc.max_send_message_length", 2 * limit)],
+        ) as channel:
+            infer = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            oversized = _grpc_request([1, 6, 320, 320], b"\0" * (limit + 1))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await infer(oversized)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            absurd = _grpc_request([1, 6, 320, 2**40], bytes(FRAME_BYTES))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await infer(absurd)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "shape" in (refused.value.details() or "")
+            short = _grpc_request([1, 6, 320, 320], bytes(FRAME_BYTES - 4))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await infer(short)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+            # The doors still serve a good request...
+            visual, audio = float_inputs(1)
+            good = _grpc_request([1, 6, 320, 320], visual.tobytes(), audio.tobytes())
+            answer = await infer(good)
+            assert len(answer.raw_output_contents[0]) == 3 * 320 * 320 * 4
+
+        # ...and the call kept speaking: a second of lip-synced frames more, none
+        # dropped for a fault.
+        def spoke_on(state: dict[str, Any]) -> bool:
+            return bool(state["frames_inferred"] >= before["frames_inferred"] + 25)
+
+        state = await until(lambda: session_state(server.http, caller.session_id), spoke_on)
+        assert state["state"] == "streaming"
+        faults = set(state["frames_dropped"]) - {"late", "not_ready"}
+        assert not faults, state["frames_dropped"]
+    finally:
+        await caller.close()
+
+
+def _grpc_request(
+    shape: list[int], visual: bytes, audio: bytes | None = None
+) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=MODEL)
+    tensor = request.inputs.add(name=VISUAL_NAME, datatype="FP32")
+    tensor.shape.extend(shape)
+    tensor = request.inputs.add(name=AUDIO_NAME, datatype="FP32")
+    tensor.shape.extend([1, 32, 16, 16])
+    request.raw_input_contents.extend([visual, audio or bytes(AUDIO_BYTES)])
+    return request
