@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
@@ -122,7 +123,9 @@ def protocol_errors(handler: Handler) -> Handler:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return protocol_error(RequestError(exc.status, "http", exc.text or exc.reason))
+            # The protocol's body carries the message alone; the code is aiohttp's reason.
+            code = re.sub(r"[^a-z0-9]+", "_", exc.reason.lower())
+            return protocol_error(RequestError(exc.status, code, exc.text or exc.reason))
         except (RequestError, *LIBRARY_ERRORS) as exc:  # type: ignore[misc]
             error = classify(exc)
             if error.status >= 500:

@@ -177,6 +177,9 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "bad_import": BadRequest,
         "missing_batch_size": BadRequest,
         "bad_batch_size": BadRequest,
+        "bad_input_size": BadRequest,
+        "bad_header_length": BadRequest,  # /v2 binary tensors: Inference-Header-Content-Length
+        "bad_parameter": BadRequest,
         "import_failed": BadRequest,  # 422: the folder or model cannot be imported
         "bad_audio": BadAudio,
         "bad_stream_format": BadStreamFormat,
@@ -189,6 +192,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         # 404
         "not_found": NotFound,
         "model_not_found": NotFound,
+        "version_not_found": NotFound,
         "worker_not_found": NotFound,
         "session_not_found": SessionNotFound,
         "session_lost": SessionNotFound,  # 410 (cluster): its worker restarted
@@ -210,6 +214,8 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "out_of_memory": Overloaded,
         "shutting_down": Overloaded,
         "worker_unavailable": Overloaded,
+        "model_not_ready": Overloaded,  # registry.load_on_infer is false: load it first
+        "not_ready": Overloaded,
         "tts_unavailable": TtsUnavailable,
         # 5xx and 422: the server's side
         "internal_error": ServerError,
