@@ -44,7 +44,9 @@ ENV LIPSTREAM_SERVER__HOST=0.0.0.0 \
     LIPSTREAM_AVATARS__ROOT=/var/lib/lipstream/avatars \
     LIPSTREAM_AVATARS__DATA_DIR=/var/lib/lipstream/data
 VOLUME ["/var/lib/lipstream"]
-EXPOSE 8080/tcp
+# 8080: HTTP (signalling, admin, /v1/infer, OIP REST); 8081: gRPC (OIP and the seed's
+# InferenceService; server.grpc_port).
+EXPOSE 8080/tcp 8081/tcp
 
 # A generous start period: the first start may generate the demo avatar into the volume.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=180s --retries=3 \

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,8 @@ from aiohttp.test_utils import TestServer
 from config.settings import Settings
 from web.app import build_app
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
 
 
 def _python_blocks() -> list[str]:
@@ -59,3 +63,72 @@ async def test_python_client_streaming_example(tmp_path: Path, loopback: None) -
     assert seen[0] == "ready"
     assert seen.index("speech_started") < seen.index("speech_ended")
     assert "queued_ms" in seen
+
+
+def _bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def _demo_settings(tmp_path: Path) -> Settings:
+    return Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "devices": {"kind": "cpu", "count": 1},
+        }
+    )
+
+
+async def test_inference_protocol_examples(tmp_path: Path) -> None:
+    """The OIP curl lines, the tritonclient HTTP + gRPC loop and the seed client's call."""
+    from tests.grpc_served import served
+
+    (shell,) = [b for b in _bash_blocks() if "request.json" in b]
+    (triton,) = [b for b in _python_blocks() if "tritonclient" in b]
+    (seed,) = [b for b in _python_blocks() if "InferBatchRequest" in b]
+    async with served(_demo_settings(tmp_path)) as server:
+        http = f"127.0.0.1:{server.http.port}"
+        rpc = server.address
+
+        def run_shell() -> str:
+            script = shell.replace("localhost:8080", http)
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            return done.stdout
+
+        out = await asyncio.to_thread(run_shell)
+        lines = out.splitlines()
+        meta = json.loads(lines[0])
+        assert [i["name"] for i in meta["inputs"]] == ["input", "audio"]
+        assert meta["inputs"][0]["shape"] == [-1, 6, 320, 320]
+        assert lines[1] in ("200", "400")  # loaded or not yet: both are answers
+        assert out.count('"model_name":"demo"') + out.count('"model_name": "demo"') == 1
+        assert '"datatype":"UINT8"' in out.replace(" ", "")
+
+        namespace: dict[str, Any] = {}
+        code = triton.replace('"127.0.0.1:8080"', repr(http)).replace('"127.0.0.1:8081"', repr(rpc))
+        await asyncio.to_thread(exec, code, namespace)
+        faces = namespace["faces"]
+        assert isinstance(faces, np.ndarray)
+        assert faces.shape == (8, 320, 320, 3)
+        assert faces.dtype == np.uint8
+
+        protos = str(REPO / "web" / "inference" / "protos")
+        code = seed.replace('"-Iweb/inference/protos"', repr(f"-I{protos}"))
+        code = code.replace('"127.0.0.1:8081"', repr(rpc))
+        namespace = {}
+        before = list(sys.path)
+        try:
+            await asyncio.to_thread(exec, code, namespace)
+        finally:
+            sys.path[:] = before
+        mouths = namespace["mouths"]
+        assert isinstance(mouths, list)
+        assert len(mouths) == 4
+        assert all(m.shape == (3, 320, 320) for m in mouths)
+        assert namespace["reply"].gpu_id == -1
