@@ -136,6 +136,7 @@ def seed_stubs(out: Path) -> tuple[ModuleType, ModuleType]:
     """The seed's messages and stub, built by protoc from our .proto as a client would."""
     from grpc_tools import protoc
 
+    out.mkdir(parents=True, exist_ok=True)
     code = protoc.main(
         [
             "protoc",
@@ -173,12 +174,12 @@ class Doors:
         self._triton_http = triton_http
         self.served = served
         self.visual_name, self.audio_name = names
+        self.seed_messages, seed_grpc = seed_stubs(stubs_dir)
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
         self.rest = triton_http.InferenceServerClient(
             served.http_url.removeprefix("http://"), conn_limit=16, conn_timeout=300
         )
         self.grpc_client = triton_grpc.InferenceServerClient(served.grpc_address)
-        self.seed_messages, seed_grpc = seed_stubs(stubs_dir)
         limit = 128 * 1024 * 1024
         self.channel = grpc.aio.insecure_channel(
             served.grpc_address,
