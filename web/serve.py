@@ -1,13 +1,14 @@
 """``lipstream serve``: the process entry, from listening to exit, for one process or a front.
 
 One serve loop runs both kinds of server (``docs/architecture.md`` §12, §14): open the
-guarded listener (and, for one process, the gRPC listener of the raw inference front
-doors on ``server.grpc_port``), wait for SIGTERM or SIGINT (or for the app to give up,
-``app[LIVENESS]``), drain, close the listeners, then let ``cleanup_ctx`` stop what the app
-started. What differs is the :class:`Drain`: one process waits for its own sessions to
-end, a front for every worker's. The app factories (``web/app.py``,
-``web/cluster/app.py``) know nothing of this module, so a cluster worker, which runs the
-single-process app inside a Ray actor, imports no process entry and no signal handling.
+guarded listener (and the gRPC listener of the raw inference front doors on
+``server.grpc_port``: one process's own, or a front's that relays to its workers), wait
+for SIGTERM or SIGINT (or for the app to give up, ``app[LIVENESS]``), drain, close the
+listeners, then let ``cleanup_ctx`` stop what the app started. What differs is the
+:class:`Drain`: one process waits for its own sessions to end, a front for every
+worker's. The app factories (``web/app.py``, ``web/cluster/app.py``) know nothing of this
+module, so a cluster worker, which runs the single-process app inside a Ray actor,
+imports no process entry and no signal handling.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from web.app import build_app
 from web.app_keys import DRAINING, LIVENESS, SESSIONS
 from web.cluster.app import FRONT, build_front_app
 from web.cluster.front import ClusterFront
+from web.cluster.grpc_front import start_front_grpc
 from web.connection_guard import GUARD
 from web.inference.grpc_server import GrpcListener, start_inference_grpc
 from web.open_files import raise_open_file_limit
@@ -118,7 +120,21 @@ def _inference_grpc(server: ServerSettings) -> OpenGrpc | None:
 async def _serve_front(settings: Settings, front: ClusterFront) -> int:
     app = build_front_app(settings, front=front)
     name = f"front of {settings.cluster.workers} workers"
-    return await run_server(app, settings.server, FRONT_OF_WORKERS, name=name)
+    server = settings.server
+    return await run_server(app, server, FRONT_OF_WORKERS, name=name, grpc=_front_grpc(server))
+
+
+def _front_grpc(server: ServerSettings) -> OpenGrpc | None:
+    """The front doors on ``server.grpc_port``, relayed to the workers' own
+    (``web/cluster/grpc_front.py``); None when that is null (the workers open none)."""
+    port = server.grpc_port
+    if port is None:
+        return None
+
+    async def open_grpc(app: web.Application) -> GrpcListener:
+        return await start_front_grpc(app, server.host, port)
+
+    return open_grpc
 
 
 async def run_server(

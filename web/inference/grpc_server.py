@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -70,10 +70,17 @@ def message_limits(
 class GrpcListener:
     """A started grpc.aio server; :meth:`close` stops it."""
 
-    def __init__(self, server: grpc.aio.Server, host: str, port: int) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        host: str,
+        port: int,
+        after_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._server = server
         self.host = host
         self.port = port  # the bound one (the OS's choice when asked for 0)
+        self._after_close = after_close
         self._closed = False
 
     @property
@@ -82,11 +89,13 @@ class GrpcListener:
 
     async def close(self, grace_s: float | None) -> None:
         """Refuse new calls; let running ones finish for up to ``grace_s`` seconds, then
-        cancel them. Idempotent."""
+        cancel them; then run ``after_close`` (what the services held). Idempotent."""
         if self._closed:
             return
         self._closed = True
         await self._server.stop(grace_s)
+        if self._after_close is not None:
+            await self._after_close()
         logger.info("gRPC listener on %s closed", self.address)
 
 
@@ -95,8 +104,10 @@ async def start_grpc(
     host: str,
     port: int,
     limits: MessageLimits | None = None,
+    after_close: Callable[[], Awaitable[None]] | None = None,
 ) -> GrpcListener:
-    """Listen on ``host:port`` (0: a port the OS picks) for ``services``.
+    """Listen on ``host:port`` (0: a port the OS picks) for ``services``;
+    ``after_close`` runs when the listener has closed (a proxy's client channels).
 
     Raises :class:`OSError` when the address cannot be bound (another process holds the
     port: grpc's SO_REUSEPORT, which would let two servers share it silently, is off).
@@ -125,7 +136,7 @@ async def start_grpc(
             "another with server.grpc_port (null turns the gRPC listener off)"
         )
     await server.start()
-    listener = GrpcListener(server, host, bound)
+    listener = GrpcListener(server, host, bound, after_close)
     logger.info(
         "gRPC listening on %s (%s; messages up to %d bytes in, %d out)",
         listener.address,
