@@ -44,7 +44,8 @@ ALLOWED_SUBPACKAGE_IMPORTS = {
     "streaming.live": {"streaming.audio_in", "streaming.webrtc", "streaming.idle_loops"},
     "streaming.idle_loops": {"streaming.webrtc"},
     "streaming.offline": {"streaming.audio_in"},
-    "web.cluster": {"web.schemas"},
+    "web.cluster": {"web.schemas", "web.inference"},
+    "web.inference": {"web.schemas"},
     "web.cli": {"web.cluster"},
 }
 

@@ -113,8 +113,7 @@ _CODES: dict[str, str] = {
     "version_not_found": "the model has no such version (`float`, `uint8`)",
     "not_ready": "not ready: the model is not loaded, or (for the server) the inference core "
     "is not running, a device has no running workers or the server is draining",
-    "model_not_ready": "the model is not loaded and `registry.load_on_infer` is false: load "
-    "it first",
+    "model_not_ready": "not loaded, and `registry.load_on_infer` is false: load it first",
     "bad_parameter": "a load parameter other than `device` (a configuration or files)",
     "server_failed": "the process cannot serve any more and is exiting",
 }

@@ -236,7 +236,7 @@ async def to_any(request: web.Request) -> web.StreamResponse:
     return await _forward(request, answering[0], request.content, admin=admin)
 
 
-def _unready(app: web.Application) -> list[str]:
+def unready_reasons(app: web.Application) -> list[str]:
     """Why the front is not ready: no worker answering, no Ray runtime, or draining."""
     front = app[FRONT]
     workers = front.workers.values()
@@ -255,7 +255,7 @@ async def ready(request: web.Request) -> web.Response:
     draining; else 503 with every reason."""
     workers = request.app[FRONT].workers.values()
     up = sum(w.usable for w in workers)
-    reasons = _unready(request.app)
+    reasons = unready_reasons(request.app)
     body: dict[str, Any] = {"ready": not reasons, "workers": {"up": up, "total": len(workers)}}
     if reasons:
         body["reasons"] = reasons
@@ -264,7 +264,7 @@ async def ready(request: web.Request) -> web.Response:
 
 async def protocol_ready(request: web.Request) -> web.Response:
     """``/v2/health/ready``: ``/ready``'s rule, in the protocol's shape."""
-    reasons = _unready(request.app)
+    reasons = unready_reasons(request.app)
     if reasons:
         raise RequestError(503, "not_ready", "; ".join(reasons))
     return web.json_response({"ready": True})

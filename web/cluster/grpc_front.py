@@ -38,6 +38,9 @@ carried (one channel per worker, the worker's status and metadata back, UNAVAILA
 naming a worker that fails) is ``web/cluster/grpc_relay.py``. No worker to ask is
 UNAVAILABLE saying why, with ``retry-after``. A call is never retried on another worker:
 at most once, as over HTTP.
+
+Why one module of about 400 lines: which worker a call goes to is one decision per
+call of both services, read best as one table.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from config.settings import Settings
 from web.app_keys import DRAINING, LIVENESS, SETTINGS, DrainState, Liveness
 from web.cluster import grpc_merge
 from web.cluster.aggregate import device_index
-from web.cluster.app import FRONT, HTTP, _unready
+from web.cluster.app import FRONT, HTTP, unready_reasons
 from web.cluster.front import ClusterFront
 from web.cluster.grpc_relay import (
     RETRY_AFTER_S,
@@ -394,7 +397,7 @@ async def start_front_grpc(app: web.Application, host: str, port: int) -> GrpcLi
         settings=app[SETTINGS],
         liveness=app[LIVENESS],
         draining=app[DRAINING],
-        unready=lambda: _unready(app),
+        unready=lambda: unready_reasons(app),
     )
     return await start_grpc(
         front_services(servicer), host, port, limits, after_close=channels.close

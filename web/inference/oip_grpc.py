@@ -28,6 +28,9 @@ placement, deadlines, queues and batches of live sessions and ``/v1/infer``:
   applies to load and unload (``authorization: Bearer <server.admin_token>`` metadata).
 
 Errors are status codes (``web/inference/grpc_status.py``).
+
+Why one module of about 410 lines: it is the protocol's twelve calls, a small handler
+each, registered together with the messages they take.
 """
 
 from __future__ import annotations

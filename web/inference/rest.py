@@ -25,6 +25,9 @@ header length, the JSON (bounded), the declared tensors against the contract, ea
 ``binary_data_size`` against the contract and the body; only then are exactly the
 blobs' bytes read, and the arrays are views on them. Outputs asked for as bytes are
 written from the array's own buffer.
+
+Why one module of about 400 lines: the protocol's routes, a small handler each, share
+one error wrapper and the admin rule.
 """
 
 from __future__ import annotations
