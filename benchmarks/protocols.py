@@ -300,7 +300,10 @@ async def drive(request: Request, clients: int, seconds: float) -> tuple[int, fl
     async def client() -> None:
         nonlocal done
         while time.monotonic() < stop_at:
-            done += await request(visual, audio)
+            # Not ``done += await ...``: that reads ``done`` before the await, and the
+            # clients' increments would overwrite each other.
+            frames = await request(visual, audio)
+            done += frames
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return done, time.perf_counter() - start
