@@ -25,7 +25,7 @@ from inference_core.avatars.package import check_avatar_id
 from web.app_keys import DOOR
 from web.errors import RequestError
 from web.inference.contract import frames
-from web.request_body import read_limited, validate
+from web.request_body import read_buffer, validate
 from web.schemas import InferQuery
 
 FLOAT_TYPE = "application/octet-stream"
@@ -64,7 +64,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
             f"body must be exactly {expected} bytes for batch_size={n} ({what}), "
             f"got Content-Length {declared}",
         )
-    body = await read_limited(request, expected, f"the body for batch_size={n}")
+    body = await read_buffer(request, expected, f"the body for batch_size={n}")
     if len(body) != expected:
         raise RequestError(
             400,
