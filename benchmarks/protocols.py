@@ -69,10 +69,15 @@ COPIES = {
     "v1_infer": (1, 0),  # the body is read into one bytes object; the answer is written from
     # the outputs' own buffer
     "oip_rest": (1, 0),  # the same, plus the JSON header (a few hundred bytes)
-    "oip_grpc": (1, 2),  # protobuf parses raw_input_contents into its own bytes; outputs are
-    # copied into raw_output_contents, then serialised
-    "seed_grpc": (1, 2),  # the same: visual_frames and audio_features; one RawMouthRegion
-    # per frame, serialised
+    "oip_grpc": (1, 1),  # grpc reads the message into one bytes object, which the tensors
+    # view (web/inference/grpc_wire.py); the outputs' bytes are joined once to the small
+    # fields protobuf serialises. (grpc's copy of the answer into its send buffer is the
+    # transport's, uncounted as the HTTP doors' socket writes are.) Before the split:
+    # (3, 3): parsed into protobuf, then each raw_input_contents read copied again;
+    # tobytes, into raw_output_contents, serialised
+    "seed_grpc": (1, 1),  # the same: visual_frames and audio_features viewed, each
+    # RawMouthRegion written around its frame. Before: (3, 4), a RawMouthRegion per frame
+    # copied again into the response
 }
 
 
@@ -94,8 +99,9 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def serve(root: Path, batch: int) -> AsyncIterator[Served]:
-    """``lipstream serve`` on ``root``'s avatars, one CPU device, batches of ``batch``."""
+async def serve(root: Path, batch: int, source: Path | None = None) -> AsyncIterator[Served]:
+    """``lipstream serve`` on ``root``'s avatars, one CPU device, batches of ``batch``;
+    the code of the source tree ``source`` when given (``benchmarks/grpc_cpu.py``)."""
     port, grpc_port = _free_port(), _free_port()
     config = root / "lipstream.yaml"
     config.write_text(
@@ -106,6 +112,8 @@ async def serve(root: Path, batch: int) -> AsyncIterator[Served]:
         f"registry:\n  models:\n    {MODEL_ID}:\n      preload: true\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
+    if source is not None:  # ahead of the installed (editable) lipstream on sys.path
+        env["PYTHONPATH"] = str(source)
     log = root / "server.log"
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(

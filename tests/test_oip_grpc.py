@@ -562,6 +562,39 @@ async def test_errors_come_back_as_the_status_that_says_what_went_wrong(
     ) is not None
 
 
+async def test_a_request_that_does_not_parse_is_invalid_argument_and_ends_no_stream(
+    server: Served,
+) -> None:
+    """ModelInfer and ModelStreamInfer read the wire bytes themselves
+    (``web/inference/grpc_wire.py``): bytes that are no ModelInferRequest are refused as
+    the checks refuse a bad request, and a stream answers them and goes on."""
+    visual, audio = float_inputs(1)
+    good = grpc_service_pb2.ModelInferRequest(model_name=MODEL, id="good")
+    good.inputs.add(name=VISUAL_NAME, datatype="FP32", shape=visual.shape)
+    good.inputs.add(name=AUDIO_NAME, datatype="FP32", shape=audio.shape)
+    good.raw_input_contents.extend([visual.tobytes(), audio.tobytes()])
+    cut = good.SerializeToString()[:-10]  # raw_input_contents[1] runs past the end
+    limit = 2**31 - 1
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    async with grpc.aio.insecure_channel(server.address, options=options) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await infer(cut)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "the request is not a valid ModelInferRequest: field 7 runs past the end" in str(
+            refused.value.details()
+        )
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        call = stream(iter([cut, good.SerializeToString()]))
+        answers = [grpc_service_pb2.ModelStreamInferResponse.FromString(a) async for a in call]
+    assert len(answers) == 2
+    failed = next(a for a in answers if a.error_message)
+    assert "not a valid ModelInferRequest" in failed.error_message
+    (served_answer,) = [a.infer_response for a in answers if not a.error_message]
+    assert served_answer.id == "good"
+    assert len(served_answer.raw_output_contents[0]) == 3 * 320 * 320 * 4
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [

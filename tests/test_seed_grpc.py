@@ -170,6 +170,19 @@ async def test_bad_sizes_and_unknown_models_are_refused_with_what_to_change(
     assert len((await stub.InferBatch(infer_request(seed, visual, audio))).outputs) == 2
 
 
+async def test_a_request_that_does_not_parse_is_invalid_argument(
+    server: Served, stub: Any, seed: SeedStubs
+) -> None:
+    visual, audio = float_inputs(1)
+    cut = infer_request(seed, visual, audio).SerializeToString()[:1000]
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        infer = channel.unary_unary("/inference.InferenceService/InferBatch")
+        code, message = await refused(infer(cut))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message.startswith("the request is not a valid InferBatchRequest: field 2 runs past")
+    assert len((await stub.InferBatch(infer_request(seed, visual, audio))).outputs) == 1
+
+
 async def test_list_models_and_stats_show_the_calls(stub: Any, seed: SeedStubs) -> None:
     messages = seed.messages
     listed = await stub.ListModels(messages.ListModelsRequest())

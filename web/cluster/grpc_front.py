@@ -62,12 +62,9 @@ from web.cluster.front import ClusterFront
 from web.cluster.grpc_relay import (
     RETRY_AFTER_S,
     Metadata,
-    RawUnary,
     Relay,
     WorkerChannels,
     grpc_target,
-    raw_bidi,
-    raw_unary,
     relayed_metadata,
 )
 from web.cluster.grpc_wire import model_name
@@ -75,7 +72,16 @@ from web.cluster.placement import WorkerState, candidates
 from web.errors import RequestError
 from web.inference import oip_grpc, seed_grpc
 from web.inference.grpc_server import GrpcListener, message_limits, start_grpc
-from web.inference.grpc_status import Context, GrpcService, check_admin, unary
+from web.inference.grpc_status import (
+    Context,
+    GrpcService,
+    RawUnary,
+    check_admin,
+    raw_bidi,
+    raw_unary,
+    unary,
+)
+from web.inference.grpc_wire import not_valid
 from web.inference.protos import grpc_service_pb2 as oip
 from web.inference.protos import inference_service_pb2 as seed
 
@@ -332,9 +338,7 @@ def _parsed(message: type[_M], request: bytes) -> _M:
     try:
         return message.FromString(request)
     except DecodeError as exc:
-        raise RequestError(
-            400, "bad_message", f"the request is not a valid {message.DESCRIPTOR.name}: {exc}"
-        ) from None
+        raise not_valid(message, exc) from None
 
 
 def front_services(servicer: FrontServicer) -> list[GrpcService]:

@@ -2,12 +2,13 @@
 
 The front's gRPC listener (``web/cluster/grpc_front.py``) decides which worker a call
 goes to; this module carries it there and back without parsing it. Its methods are
-registered with no (de)serialisers (:func:`raw_unary`, :func:`raw_bidi`), so a request
-arrives as the bytes the caller sent and goes on as they are; the answer comes back the
-same way, with the worker's status, details and metadata (grpc's own keys aside, which
-grpc writes itself). A worker that does not answer, or fails during a call, ends the
-call UNAVAILABLE with ``worker <name>:`` before grpc's reason, and its report is pulled
-at once (:meth:`ClusterFront.report_soon`): a dead worker is skipped from then on.
+registered with no (de)serialisers (``raw_unary``, ``raw_bidi`` of
+``web/inference/grpc_status.py``), so a request arrives as the bytes the caller sent
+and goes on as they are; the answer comes back the same way, with the worker's status,
+details and metadata (grpc's own keys aside, which grpc writes itself). A worker that
+does not answer, or fails during a call, ends the call UNAVAILABLE with ``worker
+<name>:`` before grpc's reason, and its report is pulled at once
+(:meth:`ClusterFront.report_soon`): a dead worker is skipped from then on.
 
 :class:`WorkerChannels` holds one grpc.aio channel per worker, with the listener's
 message limits (a request the front took, the worker takes; an answer the worker sends,
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 import grpc
@@ -28,7 +29,7 @@ from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerReport, WorkerState
 from web.errors import RequestError
 from web.inference.grpc_server import MessageLimits
-from web.inference.grpc_status import Context, abort
+from web.inference.grpc_status import Context
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ _NOT_ANSWERED = frozenset(
 _OWN_METADATA = frozenset({"user-agent", "content-type", "te", "host"})
 
 Metadata = Sequence[tuple[str, str | bytes]]
-RawUnary = Callable[[bytes, Context], Awaitable[bytes]]
-RawBidi = Callable[[AsyncIterator[bytes], Context], Awaitable[None]]
 
 
 def grpc_target(report: WorkerReport | None) -> str | None:
@@ -234,33 +233,3 @@ def _relayed(key: str) -> bool:
 def _kept(metadata: grpc.aio.Metadata | None) -> Metadata:
     """A worker's answer metadata to pass back (a tuple: grpc's abort takes no list)."""
     return tuple((k, v) for k, v in metadata or () if _relayed(k))
-
-
-def raw_unary(handler: RawUnary) -> grpc.RpcMethodHandler[bytes, bytes]:
-    """A unary method with bytes in and out (no (de)serialiser); what ``handler`` raises
-    ends the call with its status (``web/inference/grpc_status.py``)."""
-
-    async def behaviour(request: bytes, context: Context) -> bytes | None:
-        try:
-            return await handler(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await abort(context, exc)
-            return None  # not reached: abort raises
-
-    return grpc.unary_unary_rpc_method_handler(behaviour)
-
-
-def raw_bidi(handler: RawBidi) -> grpc.RpcMethodHandler[bytes, bytes]:
-    """A bidirectional method with bytes both ways; errors as :func:`raw_unary`'s."""
-
-    async def behaviour(requests: AsyncIterator[bytes], context: Context) -> None:
-        try:
-            await handler(requests, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await abort(context, exc)
-
-    return grpc.stream_stream_rpc_method_handler(behaviour)

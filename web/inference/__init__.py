@@ -8,7 +8,9 @@ protocol's ``/v2`` on the HTTP port; ``binary_tensors`` is its requests and answ
 wire (JSON tensors and the binary tensor extension). ``grpc_server`` is the gRPC listener
 and its message limits; ``oip_grpc`` the protocol's gRPC service and ``seed_grpc`` the
 seed's ``InferenceService`` on it; ``grpc_status`` their shared errors, admin rule and
-handler registration; ``protos`` the ``.proto`` files and the code generated from them.
+handler registration; ``grpc_wire`` the wire bytes of the calls that carry tensors, read
+and written without copying them (the cluster front's model scan walks them too);
+``protos`` the ``.proto`` files and the code generated from them.
 """
 
 from web.inference.contract import VERSIONS, Contract, TensorInfo, Version, contract

@@ -15,7 +15,10 @@ A Retry-After the HTTP API would send travels as the trailing metadata ``retry-a
 (seconds). Handlers are plain coroutines over the generated messages; :func:`unary` and
 :func:`bidi` register them with the messages' own (de)serialisers, so the servicers are
 typed end to end without the generated ``_pb2_grpc`` base classes (untyped, and they
-import their ``_pb2`` module as a top-level name).
+import their ``_pb2`` module as a top-level name). :func:`raw_unary` and
+:func:`raw_bidi` register handlers of the bytes on the wire, with no (de)serialiser:
+the doors that carry tensors read and write those bytes themselves
+(``web/inference/grpc_wire.py``), and the cluster front relays them.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp", bound=Message)
+_Answer = TypeVar("_Answer")
 
 _BY_HTTP_STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -127,6 +131,8 @@ class GrpcService:
 
 Unary = Callable[[_Req, Context], Awaitable[_Resp]]
 Bidi = Callable[[AsyncIterator[_Req], Context], Awaitable[None]]
+RawUnary = Callable[[bytes, Context], Awaitable[bytes]]
+RawBidi = Callable[[AsyncIterator[bytes], Context], Awaitable[None]]
 
 
 def unary(
@@ -134,8 +140,34 @@ def unary(
 ) -> grpc.RpcMethodHandler[_Req, _Resp]:
     """A unary method: ``handler`` answers each request; what it raises ends the call
     with its status (module doc). ``request`` parses the request (``Message.FromString``)."""
+    return grpc.unary_unary_rpc_method_handler(
+        _guarded_unary(handler), request_deserializer=request, response_serializer=_serialize
+    )
 
-    async def behaviour(message: _Req, context: Context) -> _Resp | None:
+
+def bidi(handler: Bidi[_Req], request: Callable[[bytes], _Req]) -> grpc.RpcMethodHandler[_Req, Any]:
+    """A bidirectional streaming method: ``handler`` reads the requests and writes its
+    answers with ``context.write``; what it raises ends the call with its status."""
+    return grpc.stream_stream_rpc_method_handler(
+        _guarded_bidi(handler), request_deserializer=request, response_serializer=_serialize
+    )
+
+
+def raw_unary(handler: RawUnary) -> grpc.RpcMethodHandler[bytes, bytes]:
+    """A unary method with bytes in and out (no (de)serialiser); errors as :func:`unary`'s."""
+    return grpc.unary_unary_rpc_method_handler(_guarded_unary(handler))
+
+
+def raw_bidi(handler: RawBidi) -> grpc.RpcMethodHandler[bytes, bytes]:
+    """A bidirectional method with bytes both ways (it writes bytes); errors as
+    :func:`unary`'s."""
+    return grpc.stream_stream_rpc_method_handler(_guarded_bidi(handler))
+
+
+def _guarded_unary(
+    handler: Callable[[_Req, Context], Awaitable[_Answer]],
+) -> Callable[[_Req, Context], Awaitable[_Answer | None]]:
+    async def behaviour(message: _Req, context: Context) -> _Answer | None:
         try:
             return await handler(message, context)
         except grpc.aio.AbortError:
@@ -144,15 +176,10 @@ def unary(
             await abort(context, exc)
             return None  # not reached: abort raises
 
-    return grpc.unary_unary_rpc_method_handler(
-        behaviour, request_deserializer=request, response_serializer=_serialize
-    )
+    return behaviour
 
 
-def bidi(handler: Bidi[_Req], request: Callable[[bytes], _Req]) -> grpc.RpcMethodHandler[_Req, Any]:
-    """A bidirectional streaming method: ``handler`` reads the requests and writes its
-    answers with ``context.write``; what it raises ends the call with its status."""
-
+def _guarded_bidi(handler: Bidi[_Req]) -> Bidi[_Req]:
     async def behaviour(messages: AsyncIterator[_Req], context: Context) -> None:
         try:
             await handler(messages, context)
@@ -161,9 +188,7 @@ def bidi(handler: Bidi[_Req], request: Callable[[bytes], _Req]) -> grpc.RpcMetho
         except Exception as exc:
             await abort(context, exc)
 
-    return grpc.stream_stream_rpc_method_handler(
-        behaviour, request_deserializer=request, response_serializer=_serialize
-    )
+    return behaviour
 
 
 def _serialize(message: Message) -> bytes:

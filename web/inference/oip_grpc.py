@@ -27,9 +27,13 @@ placement, deadlines, queues and batches of live sessions and ``/v1/infer``:
   the index of the device to load on), ``RepositoryModelUnload``: the admin API's rule
   applies to load and unload (``authorization: Bearer <server.admin_token>`` metadata).
 
-Errors are status codes (``web/inference/grpc_status.py``).
+``ModelInfer`` and ``ModelStreamInfer`` take and give the bytes on the wire: a request's
+``raw_input_contents`` are views of the bytes grpc received and a response's
+``raw_output_contents`` are the output array's own bytes, joined once to the small
+fields protobuf serialises (``web/inference/grpc_wire.py``). Errors are status codes
+(``web/inference/grpc_status.py``); a request that does not parse is INVALID_ARGUMENT.
 
-Why one module of about 410 lines: it is the protocol's twelve calls, a small handler
+Why one module of about 440 lines: it is the protocol's twelve calls, a small handler
 each, registered together with the messages they take.
 """
 
@@ -38,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import numpy as np
 from aiohttp import web
@@ -56,7 +60,16 @@ from web.inference.contract import (
     parse_version,
 )
 from web.inference.door import InferenceDoor
-from web.inference.grpc_status import Context, GrpcService, bidi, check_admin, described, unary
+from web.inference.grpc_status import (
+    Context,
+    GrpcService,
+    check_admin,
+    described,
+    raw_bidi,
+    raw_unary,
+    unary,
+)
+from web.inference.grpc_wire import Buffer, Split, Splitter, array_bytes, delimited
 from web.inference.protos import grpc_service_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
@@ -70,6 +83,10 @@ EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "
 STREAM_IN_FLIGHT = 4
 
 _DATA_TYPES = {"FP32": pb.TYPE_FP32, "UINT8": pb.TYPE_UINT8}
+#: ModelInferRequest with its raw_input_contents as views of the wire bytes.
+_INFER_REQUEST = Splitter(pb.ModelInferRequest, "raw_input_contents")
+_RAW_OUTPUT = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_STREAM_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
 _INDEX_STATES = {
     "loaded": "READY",
     "loading": "LOADING",
@@ -170,21 +187,21 @@ class OipServicer:
 
     # -- inference -----------------------------------------------------------------------
 
-    async def model_infer(
-        self, request: pb.ModelInferRequest, context: Context
-    ) -> pb.ModelInferResponse:
-        return await self._infer(request)
+    async def model_infer(self, request: bytes, context: Context) -> bytes:
+        """A ModelInferRequest's wire bytes → its ModelInferResponse's (module doc)."""
+        return b"".join(await self._infer(_INFER_REQUEST(request)))
 
-    async def model_stream_infer(
-        self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
-    ) -> None:
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         writing = asyncio.Lock()  # one write at a time on a call
 
-        async def answer(request: pb.ModelInferRequest) -> None:
+        async def answer(wire: bytes) -> None:
+            request = pb.ModelInferRequest()  # what a request that does not parse echoes
             try:
                 try:
-                    reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+                    split = _INFER_REQUEST(wire)
+                    request = split.message
+                    reply = b"".join(delimited(_STREAM_RESPONSE, await self._infer(split)))
                 except Exception as exc:  # this request's failure, not the stream's
                     _, error = described(exc)
                     reply = pb.ModelStreamInferResponse(
@@ -194,25 +211,31 @@ class OipServicer:
                             model_version=request.model_version,
                             id=request.id,
                         ),
-                    )
+                    ).SerializeToString()
                 async with writing:
                     await context.write(reply)
             finally:
                 slots.release()
 
         async with asyncio.TaskGroup() as answers:
-            async for request in requests:
+            count = 0
+            async for wire in requests:
                 await slots.acquire()
-                answers.create_task(answer(request), name=f"oip-stream-infer-{request.id[:32]}")
+                count += 1
+                answers.create_task(answer(wire), name=f"oip-stream-infer-{count}")
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, split: Split[pb.ModelInferRequest]) -> Sequence[Buffer]:
+        """The ModelInferResponse to ``split``, as parts to join: the small fields
+        serialised, then the output's bytes as raw_output_contents (module doc)."""
+        request = split.message
         model_id = request.model_name
         declared = [DeclaredTensor(t.name, t.datatype, tuple(t.shape)) for t in request.inputs]
         contract, n = await self._door.request_contract(
             model_id, parse_version(model_id, request.model_version), declared
         )
         _check_requested_outputs(request, contract)
-        arrays = frames(contract, n, _input_data(request, contract, n))
+        raw = split.repeated("raw_input_contents")
+        arrays = frames(contract, n, _input_data(request, raw, contract, n))
         result = await self._door.infer(contract, *arrays)
         output = contract.output
         response = pb.ModelInferResponse(
@@ -221,8 +244,7 @@ class OipServicer:
         response.outputs.add(
             name=output.name, datatype=output.datatype, shape=contract.output_shape(n)
         )
-        response.raw_output_contents.append(result.outputs.tobytes())
-        return response
+        return infer_response(response, result.outputs)
 
     # -- statistics and the repository ---------------------------------------------------
 
@@ -301,8 +323,8 @@ def oip_service(app: web.Application) -> GrpcService:
             "ServerMetadata": unary(s.server_metadata, pb.ServerMetadataRequest.FromString),
             "ModelMetadata": unary(s.model_metadata, pb.ModelMetadataRequest.FromString),
             "ModelConfig": unary(s.model_config, pb.ModelConfigRequest.FromString),
-            "ModelInfer": unary(s.model_infer, pb.ModelInferRequest.FromString),
-            "ModelStreamInfer": bidi(s.model_stream_infer, pb.ModelInferRequest.FromString),
+            "ModelInfer": raw_unary(s.model_infer),
+            "ModelStreamInfer": raw_bidi(s.model_stream_infer),
             "ModelStatistics": unary(s.model_statistics, pb.ModelStatisticsRequest.FromString),
             "RepositoryIndex": unary(s.repository_index, pb.RepositoryIndexRequest.FromString),
             "RepositoryModelLoad": unary(
@@ -330,6 +352,14 @@ def server_version() -> str:
         return "unknown"
 
 
+def infer_response(response: pb.ModelInferResponse, outputs: np.ndarray) -> list[Buffer]:
+    """``response`` with ``outputs`` as its raw_output_contents, as parts to join (the
+    tensor's own bytes, not copied). raw_output_contents is the message's last field, so
+    joined they are the bytes ``SerializeToString`` would write, without protobuf's
+    copies of the tensor."""
+    return [response.SerializeToString(), *delimited(_RAW_OUTPUT, [array_bytes(outputs)])]
+
+
 def _tensor_metadata(tensor: TensorInfo) -> pb.ModelMetadataResponse.TensorMetadata:
     return pb.ModelMetadataResponse.TensorMetadata(
         name=tensor.name, datatype=tensor.datatype, shape=tensor.shape
@@ -350,11 +380,11 @@ def _check_requested_outputs(request: pb.ModelInferRequest, contract: Contract) 
 
 
 def _input_data(
-    request: pb.ModelInferRequest, contract: Contract, n: int
+    request: pb.ModelInferRequest, raw: Sequence[memoryview], contract: Contract, n: int
 ) -> dict[str, bytes | memoryview]:
-    """Each input's bytes by name: its raw_input_contents entry, or its typed contents
-    made into bytes (checked for count and range; :func:`frames` checks raw sizes)."""
-    raw = request.raw_input_contents
+    """Each input's bytes by name: its ``raw`` (raw_input_contents) entry, or its typed
+    contents made into bytes (checked for count and range; :func:`frames` checks raw
+    sizes)."""
     inputs = request.inputs
     if not raw:
         return {t.name: _typed_contents(t, contract, n) for t in inputs}

@@ -12,8 +12,12 @@ as the Open Inference Protocol and ``/v1/infer`` (``web/inference/door.py``):
 * ``GetModelStats``: one model's figures or every model's, with totals.
 * ``Health``: whether the server takes work, each device's memory and queue, totals.
 
-Failures are gRPC status codes, not ``success=false`` (``web/inference/grpc_status.py``);
-``gpu_id`` is the CUDA ordinal of a GPU and -1 for the CPU.
+``InferBatch`` takes and gives the bytes on the wire (``web/inference/grpc_wire.py``):
+``visual_frames`` and ``audio_features`` are views of the bytes grpc received, and each
+``RawMouthRegion`` is written around its frame of the output array, joined once to the
+small fields protobuf serialises. Failures are gRPC status codes, not ``success=false``
+(``web/inference/grpc_status.py``); ``gpu_id`` is the CUDA ordinal of a GPU and -1 for
+the CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 from aiohttp import web
 from pydantic import SecretStr
 
@@ -30,12 +35,18 @@ from web.app_keys import DOOR, DRAINING, SESSIONS, SETTINGS, DrainState
 from web.errors import RequestError
 from web.inference.contract import TensorInfo, frames
 from web.inference.door import InferenceDoor, ModelStatistics
-from web.inference.grpc_status import Context, GrpcService, check_admin, unary
+from web.inference.grpc_status import Context, GrpcService, check_admin, raw_unary, unary
+from web.inference.grpc_wire import Buffer, Splitter, array_bytes, delimited
 from web.inference.oip_grpc import ready, server_version
 from web.inference.protos import inference_service_pb2 as pb
 from web.schemas.inference import MAX_REQUEST_FRAMES
 
 SERVICE = "inference.InferenceService"
+
+#: InferBatchRequest with its tensors as views of the wire bytes.
+_INFER_BATCH = Splitter(pb.InferBatchRequest, "visual_frames", "audio_features")
+_OUTPUTS = pb.InferBatchResponse.DESCRIPTOR.fields_by_name["outputs"].number
+_REGION_DATA = pb.RawMouthRegion.DESCRIPTOR.fields_by_name["data"].number
 
 
 class SeedServicer:
@@ -53,9 +64,10 @@ class SeedServicer:
         self._sessions = sessions
         self._admin_token = admin_token
 
-    async def infer_batch(
-        self, request: pb.InferBatchRequest, context: Context
-    ) -> pb.InferBatchResponse:
+    async def infer_batch(self, wire: bytes, context: Context) -> bytes:
+        """An InferBatchRequest's wire bytes → its InferBatchResponse's (module doc)."""
+        split = _INFER_BATCH(wire)
+        request = split.message
         model_id, n = request.model_id, request.batch_size
         self._door.check_model(model_id)
         if not 1 <= n <= MAX_REQUEST_FRAMES:
@@ -64,19 +76,18 @@ class SeedServicer:
                 "(larger batches: split them)"
             )
         contract = await self._door.infer_contract(model_id, "float")
-        # Read once: each read of a bytes field makes a new copy of it.
-        visual, audio = request.visual_frames, request.audio_features
-        _check_size("visual_frames", len(visual), contract.visual, n)
-        _check_size("audio_features", len(audio), contract.audio, n)
+        visual, audio = split.last("visual_frames"), split.last("audio_features")
+        _check_size("visual_frames", visual.nbytes, contract.visual, n)
+        _check_size("audio_features", audio.nbytes, contract.audio, n)
         arrays = frames(contract, n, {contract.visual.name: visual, contract.audio.name: audio})
         result = await self._door.infer(contract, *arrays)
-        return pb.InferBatchResponse(
-            outputs=[pb.RawMouthRegion(data=frame.tobytes()) for frame in result.outputs],
+        rest = pb.InferBatchResponse(
             inference_time_ms=result.elapsed_ms,
             success=True,
             gpu_id=gpu_id(result.device),
             device=result.device,
         )
+        return batch_response(rest, result.outputs)
 
     async def list_models(
         self, request: pb.ListModelsRequest, context: Context
@@ -146,13 +157,24 @@ def seed_service(app: web.Application) -> GrpcService:
     return GrpcService(
         SERVICE,
         {
-            "InferBatch": unary(s.infer_batch, pb.InferBatchRequest.FromString),
+            "InferBatch": raw_unary(s.infer_batch),
             "ListModels": unary(s.list_models, pb.ListModelsRequest.FromString),
             "LoadModel": unary(s.load_model, pb.LoadModelRequest.FromString),
             "GetModelStats": unary(s.get_model_stats, pb.GetModelStatsRequest.FromString),
             "Health": unary(s.health, pb.HealthRequest.FromString),
         },
     )
+
+
+def batch_response(rest: pb.InferBatchResponse, outputs: np.ndarray) -> bytes:
+    """``rest`` with one ``RawMouthRegion`` per frame of ``outputs`` as its outputs,
+    serialised with each frame's bytes copied once. outputs is the message's first field,
+    so these are the bytes ``SerializeToString`` would write."""
+    parts: list[Buffer] = []
+    for frame in outputs:
+        parts += delimited(_OUTPUTS, delimited(_REGION_DATA, [array_bytes(frame)]))
+    parts.append(rest.SerializeToString())
+    return b"".join(parts)
 
 
 def gpu_id(device: str) -> int:
