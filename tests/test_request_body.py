@@ -4,8 +4,8 @@ announced size is the compressed one."""
 from __future__ import annotations
 
 import gzip
-import io
 import hashlib
+import io
 from collections.abc import AsyncIterator
 
 import pytest
