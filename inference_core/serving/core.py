@@ -38,7 +38,7 @@ from inference_core.serving.handle import ModelHandle
 from inference_core.serving.loaded_model import LoadedModel
 from inference_core.serving.registry import ModelRegistry
 from inference_core.serving.scheduler import DeviceScheduler
-from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot
+from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot, ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,10 @@ class InferenceCore:
         spec = package.manifest.adapter
         binding = await asyncio.to_thread(read_binding, package.lipsync_path, spec)
         return ModelIo(spec, binding)
+
+    def model_state(self, model_id: str) -> ModelState:
+        """Where ``model_id`` is: registered, loading, loaded or failed."""
+        return self.registry.entry(model_id).state
 
     def display_name(self, model_id: str) -> str:
         """The avatar's display name (reads its manifest: call it off the event loop)."""

@@ -87,7 +87,7 @@ class InferenceDoor:
         """Registered and loaded now (a loading model is not ready yet)."""
         if not self.is_registered(model_id):
             return False
-        return self.core.registry.entry(model_id).state == "loaded"
+        return self.core.model_state(model_id) == "loaded"
 
     async def model_io(self, model_id: str) -> ModelIo:
         """The model's spec and tensor names (see :meth:`InferenceCore.model_io`)."""
