@@ -9,15 +9,19 @@ model's names rather than guess them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import importlib
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from grpc_tools import protoc
 
 from config.settings import Settings
 from inference_core.serving.core import InferenceCore
@@ -27,6 +31,7 @@ from web.app import build_app
 from web.app_keys import CORE
 from web.inference.grpc_server import GrpcListener, start_inference_grpc
 
+PROTOS = Path(__file__).resolve().parent.parent / "web" / "inference" / "protos"
 MODEL = "alice"
 VISUAL_NAME = "face_crop_in"
 AUDIO_NAME = "ave_window"
@@ -96,3 +101,27 @@ def uint8_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     regions = rng.integers(0, 256, (n, *REGION), dtype=np.uint8)
     audio = rng.normal(0, 1, (n, *AUDIO)).astype(np.float32)
     return regions, audio
+
+
+@dataclass(frozen=True)
+class SeedStubs:
+    messages: ModuleType  # inference_service_pb2
+    services: ModuleType  # inference_service_pb2_grpc
+
+
+@contextmanager
+def seed_stubs(out: Path) -> Iterator[SeedStubs]:
+    """The stubs a seed client makes from our .proto with protoc, written to ``out`` and
+    imported from there (and forgotten again afterwards)."""
+    args = ["protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}"]
+    assert protoc.main([*args, str(PROTOS / "inference_service.proto")]) == 0
+    sys.path.insert(0, str(out))
+    try:
+        yield SeedStubs(
+            importlib.import_module("inference_service_pb2"),
+            importlib.import_module("inference_service_pb2_grpc"),
+        )
+    finally:
+        sys.path.remove(str(out))
+        for name in ("inference_service_pb2_grpc", "inference_service_pb2"):
+            sys.modules.pop(name, None)

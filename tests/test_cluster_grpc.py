@@ -12,15 +12,12 @@ Ray's workers. The wire scan that reads a request's model without parsing it
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
@@ -30,12 +27,12 @@ import tritonclient.grpc.aio as triton_aio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from google.protobuf.message import DecodeError
-from grpc_tools import protoc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from config.settings import Settings
 from tests.fake_ray import FakeRuntime, FakeWorker
+from tests.grpc_served import SeedStubs, seed_stubs
 from tests.oip_models import AUDIO, OUTPUT, TOKEN, VISUAL, assert_output, avatar, frames
 from tests.server_process import lipstream_serve
 from web.app import build_app
@@ -50,7 +47,6 @@ from web.inference.grpc_server import GrpcListener, message_limits, start_infere
 from web.inference.protos import grpc_service_pb2 as oip
 from web.schemas.inference import MAX_REQUEST_FRAMES
 
-PROTOS = Path(__file__).resolve().parent.parent / "web" / "inference" / "protos"
 BEARER = {"authorization": f"Bearer {TOKEN}"}  # gRPC metadata keys are lower-case
 LIMIT = 2**31 - 1
 TIMEOUT_S = 60.0
@@ -157,28 +153,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield running
 
 
-@dataclass(frozen=True)
-class SeedStubs:
-    messages: ModuleType  # inference_service_pb2
-    services: ModuleType  # inference_service_pb2_grpc
-
-
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeedStubs]:
     """The stubs a seed client makes from our .proto (as tests/test_seed_grpc.py does)."""
-    out = tmp_path_factory.mktemp("seed_stubs")
-    args = ["protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}"]
-    assert protoc.main([*args, str(PROTOS / "inference_service.proto")]) == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield SeedStubs(
-            importlib.import_module("inference_service_pb2"),
-            importlib.import_module("inference_service_pb2_grpc"),
-        )
-    finally:
-        sys.path.remove(str(out))
-        for name in ("inference_service_pb2_grpc", "inference_service_pb2"):
-            sys.modules.pop(name, None)
+    with seed_stubs(tmp_path_factory.mktemp("seed_stubs")) as stubs:
+        yield stubs
 
 
 @asynccontextmanager

@@ -9,59 +9,37 @@ exactly what ``POST /v1/infer`` answers for the same inputs.
 
 from __future__ import annotations
 
-import importlib
 import io
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from grpc_tools import protoc
 
 from tests.grpc_served import (
     MODEL,
+    SeedStubs,
     Served,
     float_inputs,
     make_avatar,
+    seed_stubs,
     served,
     settings_for,
 )
 from web.app_keys import DRAINING
 
-PROTOS = Path(__file__).resolve().parent.parent / "web" / "inference" / "protos"
 OUTPUT_BYTES = 3 * 320 * 320 * 4
 LIMIT = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class SeedStubs:
-    messages: ModuleType  # inference_service_pb2
-    services: ModuleType  # inference_service_pb2_grpc
 
 
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeedStubs]:
     """The stubs protoc makes from our .proto, imported from where it wrote them."""
-    out = tmp_path_factory.mktemp("seed_stubs")
-    proto = PROTOS / "inference_service.proto"
-    args = ["protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}"]
-    assert protoc.main([*args, str(proto)]) == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield SeedStubs(
-            importlib.import_module("inference_service_pb2"),
-            importlib.import_module("inference_service_pb2_grpc"),
-        )
-    finally:
-        sys.path.remove(str(out))
-        for name in ("inference_service_pb2_grpc", "inference_service_pb2"):
-            sys.modules.pop(name, None)
+    with seed_stubs(tmp_path_factory.mktemp("seed_stubs")) as stubs:
+        yield stubs
 
 
 @pytest.fixture

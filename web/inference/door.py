@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from config.settings import Settings
+from inference_core.avatars.exceptions import AvatarNotFoundError, InvalidAvatarIdError
 from inference_core.serving.core import InferenceCore, ModelIo
-from inference_core.serving.snapshot import ModelSnapshot
+from inference_core.serving.snapshot import CoreSnapshot, ModelSnapshot
 from web.errors import RequestError
 from web.inference.contract import (
     Contract,
@@ -79,7 +80,7 @@ class InferenceDoor:
     def is_registered(self, model_id: str) -> bool:
         try:
             self.core.check_registered(model_id)
-        except Exception:  # malformed or unknown: both are "no such model" here
+        except (InvalidAvatarIdError, AvatarNotFoundError):  # both: "no such model" here
             return False
         return True
 
@@ -177,11 +178,14 @@ class InferenceDoor:
         self.check_model(model_id)
         await self.core.unload(model_id)
 
-    async def statistics(self, model_id: str | None = None) -> list[ModelStatistics]:
-        """Every registered model's figures (or ``model_id``'s alone), sorted by id."""
+    async def statistics(
+        self, model_id: str | None = None, snapshot: CoreSnapshot | None = None
+    ) -> list[ModelStatistics]:
+        """Every registered model's figures (or ``model_id``'s alone), sorted by id, from
+        ``snapshot`` when the caller took one already (else a new one)."""
         if model_id is not None:
             self.check_model(model_id)
-        snapshot = await self.core.snapshot()
+        snapshot = snapshot or await self.core.snapshot()
         models: Sequence[ModelSnapshot] = snapshot.models
         if model_id is not None:
             models = [m for m in models if m.model_id == model_id]

@@ -93,7 +93,7 @@ class SeedServicer:
         self, request: pb.ListModelsRequest, context: Context
     ) -> pb.ListModelsResponse:
         snapshot = await self._door.core.snapshot()
-        figures = {s.model_id: s for s in await self._door.statistics()}
+        figures = {s.model_id: s for s in await self._door.statistics(snapshot=snapshot)}
         return pb.ListModelsResponse(
             models=[_model_info(m, figures.get(m.model_id)) for m in snapshot.models]
         )
@@ -114,8 +114,9 @@ class SeedServicer:
         started = time.perf_counter()
         await self._door.load(model_id, device)
         load_ms = (time.perf_counter() - started) * 1000
-        model = (await self._door.core.snapshot()).model(model_id)
-        figures = await self._door.statistics(model_id)
+        snapshot = await self._door.core.snapshot()
+        model = snapshot.model(model_id)
+        figures = await self._door.statistics(model_id, snapshot)
         assert model is not None  # registered: check_model said so
         return pb.LoadModelResponse(
             success=True, model=_model_info(model, figures[0]), load_ms=load_ms
@@ -127,7 +128,7 @@ class SeedServicer:
         if request.model_id:
             self._door.check_model(request.model_id)
         snapshot = await self._door.core.snapshot()
-        figures = {s.model_id: s for s in await self._door.statistics()}
+        figures = {s.model_id: s for s in await self._door.statistics(snapshot=snapshot)}
         every = [_model_stats(m, figures.get(m.model_id)) for m in snapshot.models]
         listed = [s for s in every if s.model_id == request.model_id] if request.model_id else every
         return pb.GetModelStatsResponse(models=listed, totals=_totals(snapshot.models, every))
@@ -135,7 +136,7 @@ class SeedServicer:
     async def health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         healthy = await ready(self._door, self._draining)
         snapshot = await self._door.core.snapshot()
-        figures = {s.model_id: s for s in await self._door.statistics()}
+        figures = {s.model_id: s for s in await self._door.statistics(snapshot=snapshot)}
         stats = [_model_stats(m, figures.get(m.model_id)) for m in snapshot.models]
         if self._draining.draining:
             status = "draining"
