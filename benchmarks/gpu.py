@@ -36,6 +36,7 @@ from inference_core.adapter.serving_graph import AUDIO, CROPS, FACES, SCALED
 from inference_core.assets.benchmark_model import DEFAULT_WIDTH, build_benchmark_unet
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.locator import AvatarLocator
+from inference_core.exceptions import ModelLoadError
 from inference_core.serving.devices import (
     CUDA_PROVIDER,
     TENSORRT_PROVIDER,
@@ -157,7 +158,10 @@ def memory(root: Path, settings: Settings) -> dict[str, dict[str, float]]:
 
 def nvenc() -> str:
     """Whether FFmpeg's NVENC H.264 encoder opens on this machine."""
-    import av
+    try:
+        import av
+    except ImportError as exc:  # a bare GPU box given only the inference dependencies
+        return f"not checked: PyAV is not installed ({exc})"
 
     try:
         codec = av.codec.Codec("h264_nvenc", "w")
@@ -192,8 +196,13 @@ def run(quick: bool = False) -> Result:
                 "tensorrt_cache_dir": str(root / "trt"),
             }
         tables: dict[str, Any] = {}
+        not_measured: dict[str, str] = {}
         for name, options in variants.items():
-            model = _open(root, "bench-unet", _settings(root, **options))
+            try:
+                model = _open(root, "bench-unet", _settings(root, **options))
+            except ModelLoadError as exc:  # TensorRT listed, its libraries absent
+                not_measured[name] = str(exc)
+                continue
             tables[name] = throughput(model, seconds)
             model.close()
         memory_rows = memory(root, _settings(root))
@@ -212,6 +221,8 @@ def run(quick: bool = False) -> Result:
         ["model", "MB per model", "models per GPU"],
         [[m, r["mb_per_model"], r["models_per_gpu"]] for m, r in memory_rows.items()],
     )
+    for name, reason in not_measured.items():
+        print(f"  {name}: not measured: {reason}")
     encoder = nvenc()
     print(f"  NVENC: {encoder}")
     targets = [
@@ -222,6 +233,7 @@ def run(quick: bool = False) -> Result:
     return {
         "throughput": tables,
         "memory": memory_rows,
+        "not_measured": not_measured,
         "nvenc": encoder,
         "targets": [t.as_json() for t in targets],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import onnxruntime as ort
 import pytest
 
 from config.settings import DevicesSettings
+from inference_core.adapter.onnx_io import open_session
 from inference_core.assets.demo_models import build_lipsync_model
-from inference_core.exceptions import InferenceError
+from inference_core.exceptions import InferenceError, ModelLoadError
 from inference_core.serving.devices import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -165,6 +167,30 @@ def test_cpu_sessions_share_one_arena(tmp_path: Path) -> None:
     grown = probe.used_bytes(Device(0)) - before
     probe.close()
     assert grown < 4 * 20 * MIB, f"{grown / MIB:.0f} MiB for 4 more sessions"
+
+
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" in ort.get_available_providers(),
+    reason="onnxruntime-gpu starts CUDA here; tests/test_gpu.py checks TensorRT's fallback",
+)
+def test_an_accelerator_onnxruntime_replaces_quietly_is_a_load_error(tmp_path: Path) -> None:
+    """onnxruntime only warns when it cannot start a requested provider and runs the next
+    one: a GPU deployment would serve from the CPU (seen on an H200 whose TensorRT
+    libraries were missing: the TensorRT session ran on CUDA). The load fails instead."""
+    model = build_lipsync_model(tmp_path / "m.onnx")
+    cuda_first: list[str | tuple[str, dict[str, str]]] = [
+        ("CUDAExecutionProvider", {"device_id": "0"}),
+        "CPUExecutionProvider",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # onnxruntime's own "not in available providers"
+        with pytest.raises(ModelLoadError, match=r"could not start \w+ExecutionProvider") as err:
+            open_session(model, label="m.onnx", providers=cuda_first)
+    assert "m.onnx" in str(err.value)
+    assert "devices.kind: cpu" in str(err.value)
+    assert open_session(model, providers=["CPUExecutionProvider"]).get_providers() == [
+        "CPUExecutionProvider"
+    ]
 
 
 def test_cpu_memory_probe_sees_allocations() -> None:

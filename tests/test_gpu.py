@@ -23,6 +23,7 @@ from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.package import AvatarPackage
+from inference_core.exceptions import ModelLoadError
 from inference_core.serving.batch_buffers import thread_buffers
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import (
@@ -148,13 +149,28 @@ async def test_nvml_measures_each_model_on_the_gpu(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(
     TENSORRT_PROVIDER not in ort.get_available_providers(),
-    reason=f"needs onnxruntime-gpu with TensorRT ({TENSORRT_PROVIDER} absent)",
+    reason=f"needs onnxruntime-gpu built with TensorRT ({TENSORRT_PROVIDER} absent)",
 )
-def test_tensorrt_builds_and_caches_an_engine(package: AvatarPackage, tmp_path: Path) -> None:
+def test_tensorrt_builds_and_caches_an_engine_or_says_what_is_missing(
+    package: AvatarPackage, tmp_path: Path
+) -> None:
+    """With its libraries, TensorRT builds an engine into the cache; without them (an
+    onnxruntime-gpu wheel lists the provider either way) the load fails naming libnvinfer,
+    instead of serving from CUDA as onnxruntime would (seen on an H200, 2026-11-26)."""
     cache = tmp_path / "trt"
     settings = _settings(tmp_path, tensorrt=True, tensorrt_cache_dir=str(cache))
     cache.mkdir()
-    model = _open(package, CUDA, settings)
+    error = ""
+    try:
+        model = _open(package, CUDA, settings)
+    except ModelLoadError as exc:
+        error = str(exc)
+    if error:
+        assert f"could not start {TENSORRT_PROVIDER}" in error
+        assert "libnvinfer" in error
+        assert "devices.tensorrt: false" in error
+        assert not any(cache.iterdir())
+        return
     adapter = model.adapter
     assert adapter is not None
     assert adapter.session.get_providers()[0] == TENSORRT_PROVIDER

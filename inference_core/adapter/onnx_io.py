@@ -3,7 +3,9 @@
 Inputs are bound by shape, never by name, so exports that call their inputs
 ``input``/``audio``, ``visual_frames``/``audio_features`` or anything else load alike
 (``docs/architecture.md`` §3). Every onnxruntime failure becomes a :class:`ModelLoadError`
-naming the file.
+naming the file, and so does a requested accelerator that onnxruntime quietly replaced by
+the next provider in the list (its libraries missing: TensorRT without libnvinfer, CUDA
+without cuDNN), which would otherwise serve a GPU deployment from the CPU.
 """
 
 from __future__ import annotations
@@ -89,11 +91,32 @@ def open_session(
     what = label or (str(source) if isinstance(source, Path) else "in-memory model")
     if isinstance(source, Path) and not source.is_file():
         raise ModelLoadError(f"model file {source} does not exist")
+    requested = list(providers) if providers else ["CPUExecutionProvider"]
     try:
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             str(source) if isinstance(source, Path) else source,
             sess_options=options,
-            providers=list(providers) if providers else ["CPUExecutionProvider"],
+            providers=requested,
         )
     except Exception as exc:  # onnxruntime raises bare RuntimeError/Fail/InvalidGraph
         raise ModelLoadError(f"model {what} cannot be loaded: {exc}") from exc
+    missing = [p for p in _names(requested) if p not in session.get_providers()]
+    if missing:
+        raise ModelLoadError(
+            f"model {what}: onnxruntime could not start {', '.join(missing)} and fell back to "
+            f"{session.get_providers()[0]} ({FALLBACK_HINTS.get(missing[0], 'see its log above')})"
+        )
+    return session
+
+
+# What a provider onnxruntime offers but cannot start lacks, and the setting that avoids it.
+FALLBACK_HINTS = {
+    "TensorrtExecutionProvider": "the TensorRT libraries (libnvinfer) are not loadable: "
+    "install TensorRT for onnxruntime-gpu's CUDA version, or set devices.tensorrt: false",
+    "CUDAExecutionProvider": "onnxruntime-gpu or the CUDA/cuDNN libraries it needs are "
+    "missing: pip install onnxruntime-gpu (not onnxruntime), or set devices.kind: cpu",
+}
+
+
+def _names(providers: Sequence[str | tuple[str, dict[str, str]]]) -> list[str]:
+    return [p if isinstance(p, str) else p[0] for p in providers]
