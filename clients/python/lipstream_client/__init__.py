@@ -1,8 +1,9 @@
 """lipstream-client: call a lipstream talking-avatar server from Python (asyncio).
 
 :func:`connect` opens a WebRTC call with aiortc and returns a :class:`Call` (received
-video and audio frames, session events, session control); :class:`Client` is the HTTP
-side alone (text-to-speech, pushed audio, server-sent events, :class:`AudioStream`).
+video and audio frames, session events, session control: speech, interrupts, switching
+the avatar and its idle clip); :class:`Client` is the HTTP side alone (text-to-speech,
+pushed audio, server-sent events, :class:`AudioStream`).
 Errors are :class:`LipstreamError` subclasses named after the server's error codes.
 
 This package talks to the server over its public protocol only: it must not import the
@@ -44,10 +45,12 @@ from lipstream_client.models import (
     Answer,
     AudioFrame,
     Avatar,
+    AvatarSwitched,
     CallStats,
     DelayBudget,
     Event,
     IceServer,
+    IdleClipSet,
     Queued,
     QueueSizes,
     VideoFrame,
@@ -62,6 +65,7 @@ __all__ = [
     "AudioQueueFull",
     "AudioStream",
     "Avatar",
+    "AvatarSwitched",
     "BadAudio",
     "BadFrame",
     "BadMessage",
@@ -78,6 +82,7 @@ __all__ = [
     "EventsOverflow",
     "Forbidden",
     "IceServer",
+    "IdleClipSet",
     "LipstreamError",
     "NotFound",
     "Overloaded",

@@ -185,10 +185,25 @@ class AudioStream:
         self._pending = None
         await self._socket().send_str(json.dumps({"type": "interrupt"}))
 
+    async def switch_avatar(self, avatar: str) -> None:
+        """Ask for ``avatar`` in the call, as :meth:`Client.switch_avatar` does, without
+        waiting: ``avatar_changed`` arrives in :meth:`events` when its first frame is
+        sent; a refusal (``model_not_found``, ``avatar_incompatible``, …) arrives as an
+        ``error`` message to this stream alone, raised as usual."""
+        self._raise_pending()
+        await self._socket().send_str(json.dumps({"type": "switch_avatar", "avatar": avatar}))
+
+    async def set_idle_clip(self, clip: str) -> None:
+        """Play ``clip`` while the avatar is silent, as :meth:`Client.set_idle_clip`
+        does; ``idle_clip_changed`` follows, or an ``error`` (``clip_not_found``)."""
+        self._raise_pending()
+        await self._socket().send_str(json.dumps({"type": "set_idle_clip", "clip": clip}))
+
     def events(self) -> DropOldestQueue[Event]:
         """Every server message (``ready``, ``queued_ms``, ``speech_*``, ``interrupted``,
-        ``error``, ``session_ended``) as a dict, in order; the iteration ends when the
-        stream closes. Holds ``event_queue_size`` messages, dropping the oldest."""
+        ``avatar_changed``, ``idle_clip_changed``, ``error``, ``session_ended``) as a
+        dict, in order; the iteration ends when the stream closes. Holds
+        ``event_queue_size`` messages, dropping the oldest."""
         return self._events
 
     async def _wait_for_room(self, window: SendWindow, duration_ms: float) -> None:

@@ -41,10 +41,12 @@ from lipstream_client.errors import ConnectionFailed, LipstreamError, SessionNot
 from lipstream_client.http import Client
 from lipstream_client.models import (
     AudioFrame,
+    AvatarSwitched,
     CallStats,
     DelayBudget,
     Event,
     IceServer,
+    IdleClipSet,
     Queued,
     QueueSizes,
     VideoFrame,
@@ -243,6 +245,21 @@ class Call:
     async def interrupt(self) -> float:
         """:meth:`Client.interrupt` for this call: the milliseconds dropped."""
         return await self.client.interrupt(self.session_id)
+
+    async def switch_avatar(self, avatar: str) -> AvatarSwitched:
+        """:meth:`Client.switch_avatar` for this call; :attr:`avatar` follows.
+
+        The received frames change size with the avatar's (the decoder follows the
+        keyframe the server sends); :attr:`VideoFrame.index` goes on counting, since a
+        switch keeps the frame rate.
+        """
+        switched = await self.client.switch_avatar(self.session_id, avatar)
+        self.avatar = switched.avatar
+        return switched
+
+    async def set_idle_clip(self, clip: str) -> IdleClipSet:
+        """:meth:`Client.set_idle_clip` for this call."""
+        return await self.client.set_idle_clip(self.session_id, clip)
 
     async def state(self) -> dict[str, Any]:
         """:meth:`Client.state` for this call."""

@@ -13,9 +13,10 @@ does not know (a newer server). WebSocket ``error`` messages map the same way, w
     │   └── BadMessage             bad_message (a WebSocket text message)
     ├── Unauthorized               401 unauthorized
     ├── Forbidden                  403 forbidden
-    ├── NotFound                   404: model_not_found, not_found, …
+    ├── NotFound                   404: model_not_found, clip_not_found, not_found, …
     │   └── SessionNotFound        session_not_found, session_lost (410)
-    ├── Conflict                   409: model_in_use, avatar_exists
+    ├── Conflict                   409: model_in_use, avatar_exists, avatar_incompatible,
+    │   │                          avatar_switch_busy
     │   └── StreamBusy             stream_busy
     ├── PayloadTooLarge            413: audio_too_large, body_too_large
     ├── RateLimited                429 rate_limited (retry_after)
@@ -194,11 +195,14 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "model_not_found": NotFound,
         "version_not_found": NotFound,
         "worker_not_found": NotFound,
+        "clip_not_found": NotFound,  # the message lists the avatar's clips
         "session_not_found": SessionNotFound,
         "session_lost": SessionNotFound,  # 410 (cluster): its worker restarted
         # 409
         "model_in_use": Conflict,
         "avatar_exists": Conflict,
+        "avatar_incompatible": Conflict,  # a switch to another fps or audio features
+        "avatar_switch_busy": Conflict,  # another switch of the call is loading
         "stream_busy": StreamBusy,
         # 413
         "audio_too_large": PayloadTooLarge,

@@ -19,7 +19,14 @@ from aiohttp import (
 
 from lipstream_client.audio_stream import AudioStream
 from lipstream_client.errors import LipstreamError, error_for, error_from_body
-from lipstream_client.models import Answer, Avatar, Queued, WebRtcConfig
+from lipstream_client.models import (
+    Answer,
+    Avatar,
+    AvatarSwitched,
+    IdleClipSet,
+    Queued,
+    WebRtcConfig,
+)
 from lipstream_client.pcm import STREAM_RATES, PcmFormat, pcm_format_for, to_pcm_bytes
 from lipstream_client.sse import EventStream
 
@@ -85,9 +92,9 @@ class Client:
     # -- the server -------------------------------------------------------------------
 
     async def avatars(self) -> list[Avatar]:
-        """The avatars a call may show, sorted by id."""
+        """The avatars a call may show, sorted by id, with their idle clips."""
         body = await self._json("GET", "/avatars")
-        return [Avatar(id=a["id"], name=a["name"]) for a in body["avatars"]]
+        return [Avatar.from_json(a) for a in body["avatars"]]
 
     async def webrtc_config(self) -> WebRtcConfig:
         """ICE servers for the client (with per-client TURN credentials, if configured) and
@@ -138,6 +145,28 @@ class Client:
         """Drop the session's queued audio; returns the milliseconds dropped."""
         answer = await self._json("POST", _session(session_id, "/interrupt"))
         return float(answer["dropped_ms"])
+
+    async def switch_avatar(self, session_id: str, avatar: str) -> AvatarSwitched:
+        """Show ``avatar`` in the running call; the audio goes on untouched.
+
+        Returns once the new avatar's model is loaded and the switch scheduled (a cold
+        load takes a while; the call shows the old avatar meanwhile); ``avatar_changed``
+        follows when its first frame is sent. Refusals: :class:`NotFound`
+        (``model_not_found``), :class:`Conflict` (``avatar_incompatible``: another fps
+        or audio features; ``avatar_switch_busy``: another switch is loading),
+        :class:`Overloaded` (``no_capacity``, ``shutting_down``, …) and
+        :class:`ServerError` (``model_load_failed``); the call goes on with the old
+        avatar after any of them.
+        """
+        answer = await self._json("POST", _session(session_id, "/avatar"), json={"avatar": avatar})
+        return AvatarSwitched.from_json(answer)
+
+    async def set_idle_clip(self, session_id: str, clip: str) -> IdleClipSet:
+        """Play the avatar's idle clip ``clip`` while it is silent (``idle``,
+        ``listening``, ``thinking``, … as the avatar declares them; :class:`NotFound`
+        ``clip_not_found`` names those it has)."""
+        answer = await self._json("POST", _session(session_id, "/idle"), json={"clip": clip})
+        return IdleClipSet.from_json(answer)
 
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session's state and counters (``GET /sessions/{id}``)."""

@@ -9,16 +9,77 @@ from typing import Any
 import av
 
 #: A session event or stream message: a JSON object with at least ``type``
-#: (docs/apps.md lists them: ``speech_started``, ``queued_ms``, ``session_ended``, …).
+#: (docs/apps.md lists them: ``speech_started``, ``speech_ended`` with ``played_ms``
+#: and ``interrupted``, ``interrupted`` with ``played``, ``avatar_changed``,
+#: ``idle_clip_changed``, ``queued_ms``, ``session_ended``, …).
 Event = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Avatar:
-    """An avatar a call may show (``GET /avatars``)."""
+    """An avatar a call may show (``GET /avatars``), and the idle clips it can play
+    while silent (:meth:`Call.set_idle_clip`; empty from a server without clips)."""
 
     id: str
     name: str
+    clips: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Avatar:
+        return cls(
+            id=str(data["id"]),
+            name=str(data.get("name", data["id"])),
+            clips=tuple(str(c) for c in data.get("clips", ())),
+        )
+
+
+@dataclass(frozen=True)
+class AvatarSwitched:
+    """``POST /sessions/{id}/avatar``: the switch is scheduled, the new avatar loaded.
+
+    ``frame`` is the session's first output frame showing ``avatar`` and ``media_ms`` its
+    place on the media timeline (the ``avatar_changed`` event follows when that frame is
+    sent). ``changed`` is false when the call already showed ``avatar``.
+    """
+
+    session_id: str
+    avatar: str
+    previous: str
+    changed: bool
+    frame: int
+    media_ms: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AvatarSwitched:
+        return cls(
+            session_id=str(data["session_id"]),
+            avatar=str(data["avatar"]),
+            previous=str(data["previous"]),
+            changed=bool(data["changed"]),
+            frame=int(data["frame"]),
+            media_ms=float(data["media_ms"]),
+        )
+
+
+@dataclass(frozen=True)
+class IdleClipSet:
+    """``POST /sessions/{id}/idle``: the clip now played while the avatar is silent,
+    the one before it, and every clip the avatar has."""
+
+    session_id: str
+    clip: str
+    previous: str | None
+    clips: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IdleClipSet:
+        previous = data.get("previous")
+        return cls(
+            session_id=str(data["session_id"]),
+            clip=str(data["clip"]),
+            previous=str(previous) if previous is not None else None,
+            clips=tuple(str(c) for c in data.get("clips", ())),
+        )
 
 
 @dataclass(frozen=True)

@@ -51,20 +51,32 @@ Frames in and out:
   when the bot speaks from its loudness, as for Pipecat's other avatar services.
 
 Events (``@service.event_handler(name)``, called with the service and the event dict
-of docs/apps.md): ``on_speech_started``, ``on_speech_ended``, ``on_interrupted``.
+of docs/apps.md): ``on_speech_started``, ``on_speech_ended`` (with ``played_ms``, what
+the user was sent of the utterance, and ``interrupted``), ``on_interrupted`` (with
+``played``, per cut utterance), ``on_avatar_changed``, ``on_idle_clip_changed``.
+
+Playback positions: each utterance's ``speech_ended`` (exactly one, cut ones included,
+before their ``interrupted``) is also pushed downstream as a
+:class:`LipstreamSpeechEndedFrame` (``utterance``, ``played_ms``, ``duration_ms``,
+``interrupted``): what a context aggregator needs to keep only what the user heard of a
+reply the user barged into. It is a system frame, so an interruption does not drop it.
+
+Mid-call: ``await service.switch_avatar("other")`` shows another avatar (same fps and
+audio features; the speech goes on lip-synced, ``on_avatar_changed`` when its first
+frame is sent; refusals raise the client's typed errors and leave the call as it was)
+and ``await service.set_idle_clip("thinking")`` picks what the avatar plays while
+silent. An avatar of another size changes the frames' size, unless ``video_size``
+fixes it (the transport's ``video_out_width``/``_height`` do not follow).
 
 Every queue is bounded: the audio waiting to be sent (``outbox_size`` chunks; a full
 one holds the pipeline back, since a TTS makes audio faster than it plays) and the
 call's receive queues (``queues``, dropping the oldest frames when the pipeline lags).
 This module logs with :mod:`logging`, not Pipecat's loguru.
 
-Why one module of about 480 lines: it is one Pipecat service; its frame handling and the
-three tasks it owns (the sender of TTS audio, the video and the voice pumps) share the
-call, the stream and the outbox, and this docstring is the integration's manual.
-
-Why one module of over 400 lines (a third of them this docstring): the service's four
-tasks (sending, stream events, video, voice) share the call, the stream and the
-utterance counts that an interruption and an ``EndFrame`` act on, in one class.
+Why one module of about 560 lines (a third of them this docstring, the integration's
+manual): the service's four tasks (sending, stream events, video, voice) share the
+call, the stream and the utterance counts that an interruption and an ``EndFrame`` act
+on, in one class.
 """
 
 from __future__ import annotations
@@ -88,6 +100,7 @@ try:
         OutputImageRawFrame,
         SpeechOutputAudioRawFrame,
         StartFrame,
+        SystemFrame,
         TTSAudioRawFrame,
         TTSStoppedFrame,
     )
@@ -102,7 +115,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from lipstream_client.audio_stream import AudioStream
 from lipstream_client.call import Call, connect
 from lipstream_client.errors import LipstreamError, StreamClosed
-from lipstream_client.models import AudioFrame, CallStats, Event, IceServer, QueueSizes, VideoFrame
+from lipstream_client.models import (
+    AudioFrame,
+    AvatarSwitched,
+    CallStats,
+    Event,
+    IceServer,
+    IdleClipSet,
+    QueueSizes,
+    VideoFrame,
+)
 from lipstream_client.pcm import STREAM_RATES
 
 logger = logging.getLogger(__name__)
@@ -112,7 +134,36 @@ EVENT_HANDLERS = {
     "speech_started": "on_speech_started",
     "speech_ended": "on_speech_ended",
     "interrupted": "on_interrupted",
+    "avatar_changed": "on_avatar_changed",
+    "idle_clip_changed": "on_idle_clip_changed",
 }
+
+
+@dataclass
+class LipstreamSpeechEndedFrame(SystemFrame):
+    """An utterance ended for the user: all of it played, or cut by an interruption.
+
+    ``played_ms`` is how much of it the user was sent (0 for one cut before it
+    started), ``duration_ms`` its whole length when the server reports it; pushed
+    downstream once per utterance, in the order the server numbered them.
+    """
+
+    utterance: int
+    played_ms: float
+    duration_ms: float | None
+    interrupted: bool
+
+    @classmethod
+    def from_event(cls, event: Event) -> LipstreamSpeechEndedFrame:
+        duration = event.get("duration_ms")
+        duration_ms = float(duration) if duration is not None else None
+        played = event.get("played_ms")  # a server before playback positions: all of it
+        return cls(
+            utterance=int(event["utterance"]),
+            played_ms=float(played) if played is not None else duration_ms or 0.0,
+            duration_ms=duration_ms,
+            interrupted=bool(event.get("interrupted", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -204,6 +255,35 @@ class LipstreamVideoService(AIService):
     def stats(self) -> CallStats:
         """Frames received from the avatar, and those dropped because the pipeline lagged."""
         return self._call.stats if self._call is not None else CallStats()
+
+    @property
+    def avatar(self) -> str:
+        """The avatar the call shows (or will, once a switch answered)."""
+        return self._avatar
+
+    # -- mid-call control -------------------------------------------------------------
+
+    async def switch_avatar(self, avatar: str) -> AvatarSwitched:
+        """Show ``avatar`` from now on (:meth:`lipstream_client.Call.switch_avatar`):
+        returns once it is loaded and the switch scheduled; the speech goes on."""
+        switched = await self._live_call().switch_avatar(avatar)
+        self._avatar = switched.avatar
+        logger.info(
+            "%s: avatar %s -> %s from frame %d", self, switched.previous, avatar, switched.frame
+        )
+        return switched
+
+    async def set_idle_clip(self, clip: str) -> IdleClipSet:
+        """Play the avatar's idle clip ``clip`` while it is silent."""
+        return await self._live_call().set_idle_clip(clip)
+
+    def _live_call(self) -> Call:
+        if self._call is None:
+            raise StreamClosed(
+                f"{self}: there is no call to the avatar (not set up yet, or ended)",
+                code="stream_closed",
+            )
+        return self._call
 
     # -- lifetime ---------------------------------------------------------------------
 
@@ -430,6 +510,7 @@ class LipstreamVideoService(AIService):
                 self._unnumbered_above = None
         elif kind == "speech_ended":
             self._last_done = max(self._last_done, int(event["utterance"]))
+            await self.push_frame(LipstreamSpeechEndedFrame.from_event(event))
         elif kind == "interrupted":
             self._last_done = max([self._last_done, *map(int, event.get("utterances", []))])
         elif kind == "error":
@@ -482,4 +563,4 @@ class LipstreamVideoService(AIService):
                 await self.push_frame(voice)
 
 
-__all__ = ["LipstreamVideoService"]
+__all__ = ["LipstreamSpeechEndedFrame", "LipstreamVideoService"]
