@@ -10,19 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compositor.clips import ClipPlan, bounce_index
 
-def bounce_index(n: int, count: int) -> int:
-    """Return the avatar frame for output frame ``n``: 0, 1, …, count−1, count−2, …, 1, 0, 1, …
-
-    End points are not repeated. ``count = 1`` always gives 0.
-    """
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    if count == 1:
-        return 0
-    period = 2 * (count - 1)
-    m = n % period
-    return m if m < count else period - m
+__all__ = ["FrameSequencer", "FrameStep", "bounce_index"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +22,8 @@ class FrameStep:
     output_index: int
     """Running output frame number ``n``, from 0."""
     avatar_index: int
-    """Avatar background frame to use (``bounce_index(n, frame_count)``)."""
+    """Avatar background frame to use (the call's :class:`ClipPlan` decides; without clips
+    ``bounce_index(n, frame_count)``)."""
     alpha: float
     """Weight of the inferred face, 0..1; 0 means show the raw avatar frame."""
 
@@ -49,6 +40,11 @@ class FrameSequencer:
     after the level last crossed it, so short pauses between words do not flicker. While
     speaking, alpha rises by ``1/blend_frames`` per frame towards 1; otherwise it falls
     towards 0 (``blend_frames = 0`` switches at once). Not thread-safe: one per session.
+
+    The avatar frame comes from ``plan`` (default: every frame, bounced), told for each
+    frame whether it shows an inferred face (``alpha > 0``): an inferred face plays over
+    the speaking range, a raw frame over the chosen idle clip, so every frame a shared
+    idle loop may replace is an idle-clip frame (``docs/architecture.md`` §5).
     """
 
     def __init__(
@@ -58,6 +54,7 @@ class FrameSequencer:
         threshold_db: float = -45.0,
         hangover_frames: int = 4,
         blend_frames: int = 3,
+        plan: ClipPlan | None = None,
     ) -> None:
         if frame_count < 1:
             raise ValueError(f"frame_count must be >= 1, got {frame_count}")
@@ -67,6 +64,11 @@ class FrameSequencer:
             raise ValueError(f"blend_frames must be >= 0, got {blend_frames}")
         if math.isnan(threshold_db):
             raise ValueError("threshold_db must be a number, got NaN")
+        if plan is not None and plan.frame_count != frame_count:
+            raise ValueError(
+                f"the clip plan is for {plan.frame_count} frames, the sequencer for {frame_count}"
+            )
+        self.plan = plan if plan is not None else ClipPlan(frame_count)
         self.frame_count = frame_count
         self.threshold_db = threshold_db
         self.hangover_frames = hangover_frames
@@ -109,7 +111,7 @@ class FrameSequencer:
 
         result = FrameStep(
             output_index=self._n,
-            avatar_index=bounce_index(self._n, self.frame_count),
+            avatar_index=self.plan.advance(self._n, self._level > 0),
             alpha=self._level / top,
         )
         self._n += 1

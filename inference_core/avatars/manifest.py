@@ -8,12 +8,19 @@ Ultralight-160 or Wav2Lip-96 style models are described without code changes::
      "frames": {"dir": "frames", "pattern": "{index:05d}.jpg", "count": 125},
      "rects": "rects.json",
      "models": {"lipsync": "lipsync.onnx", "audio_encoder": "audio_encoder.onnx"},
-     "adapter": {... AdapterSpec fields, all optional ...}}
+     "adapter": {... AdapterSpec fields, all optional ...},
+     "clips": {"idle": [0, 60], "thinking": [120, 180], "speaking": [0, 100]}}
+
+``clips`` (optional) names half-open ``[start, stop)`` ranges of frames: ``idle`` is what
+a call plays while silent (absent: every frame), ``speaking`` the range speech plays over
+(absent: every frame), any other name an idle clip an app may choose
+(``docs/architecture.md`` §5, §10).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from inference_core.adapter.spec import AdapterSpec
 
 MANIFEST_NAME = "avatar.json"
+CLIP_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 
 class FramesSpec(BaseModel):
@@ -70,6 +78,7 @@ class AvatarManifest(BaseModel):
     rects: str = "rects.json"
     models: ModelsSpec = ModelsSpec()
     adapter: AdapterSpec = AdapterSpec()
+    clips: dict[str, tuple[int, int]] = Field(default_factory=dict)
 
     @field_validator("frame_size")
     @classmethod
@@ -83,7 +92,28 @@ class AvatarManifest(BaseModel):
     def _consistent(self) -> AvatarManifest:
         if self.adapter.audio_feature == "ave" and self.models.audio_encoder is None:
             raise ValueError("models.audio_encoder is required when adapter.audio_feature is 'ave'")
+        problems = [p for name, span in self.clips.items() if (p := self._clip_problem(name, span))]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
+
+    def _clip_problem(self, name: str, span: tuple[int, int]) -> str | None:
+        count = self.frames.count
+        start, stop = span
+        shortest = 1 if count == 1 else 2
+        if not CLIP_NAME_PATTERN.fullmatch(name):
+            return (
+                f"clips.{name}: the name must be 1-32 characters of a-z, 0-9, '_' and '-', "
+                "starting with a letter or digit"
+            )
+        if not 0 <= start < stop <= count:
+            return (
+                f"clips.{name}: [{start}, {stop}] must be a [start, stop) range of frames "
+                f"with 0 <= start < stop <= {count} (frames.count)"
+            )
+        if stop - start < shortest:
+            return f"clips.{name}: [{start}, {stop}] holds 1 frame, a clip needs at least 2"
+        return None
 
 
 def format_validation_error(exc: ValidationError) -> list[str]:
@@ -91,6 +121,10 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(manifest)"
+        said = err["msg"].removeprefix("Value error, ")
+        if not err["loc"] and said.startswith("clips."):  # already named by key
+            lines += said.split("\n")
+            continue
         got = err.get("input")
         shown = json.dumps(got) if isinstance(got, str | int | float | bool | None) else None
         suffix = f" (got {shown})" if shown is not None and err["type"] != "missing" else ""

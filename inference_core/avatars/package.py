@@ -5,6 +5,7 @@ A package is a directory::
     avatar.json          manifest (inference_core.avatars.manifest)
     frames/00000.jpg …   the avatar's full video frames (JPEG or PNG)
     rects.json           one crop rect [x1, y1, x2, y2] per frame
+                         (avatar.json may name clips: ranges of these frames)
     lipsync.onnx         the lip-sync model
     audio_encoder.onnx   the audio encoder (for "ave" features)
 
@@ -73,6 +74,13 @@ class AvatarPackage:
     @property
     def frame_count(self) -> int:
         return len(self.frame_paths)
+
+    @property
+    def clips(self) -> dict[str, tuple[int, int]]:
+        """The avatar's clips, name → half-open ``(start, stop)`` frame range, ``idle``
+        always among them (every frame when the manifest declares none); ``speaking`` only
+        when declared. ``compositor.clips.ClipPlan(frame_count, package.clips)`` plays them."""
+        return {"idle": (0, self.frame_count), **self.manifest.clips}
 
     @classmethod
     def load(cls, directory: Path, avatar_id: str | None = None) -> AvatarPackage:

@@ -51,7 +51,8 @@ class IdleLoopStats:
 
 
 class IdleLoopCache:
-    """Encoded idle loops by :class:`LoopKey`, at most ``max_bytes`` of payload.
+    """Encoded idle loops by :class:`LoopKey`, at most ``max_bytes`` of payload. Each
+    clip of an avatar is a loop of its own (its key holds the clip's frame range).
 
     ``max_bytes`` 0 builds nothing (every call encodes its own frames).
     """
@@ -137,9 +138,11 @@ class IdleLoopCache:
             self._failed += 1
             self._refused.add(key)
             logger.exception(
-                "idle loop build failed: avatar=%s bitrate=%d; its calls encode their own "
-                "idle frames",
+                "idle loop build failed: avatar=%s clip=%d:%s bitrate=%d; its calls encode "
+                "their own idle frames",
                 key.avatar_id,
+                key.clip_start,
+                key.clip_stop,
                 key.bitrate,
             )
             return
@@ -166,9 +169,11 @@ class IdleLoopCache:
         self._bytes += size
         self._built += 1
         logger.info(
-            "idle loop built: avatar=%s bitrate=%d frames=%d keyframes=%d bytes=%d preset=%s "
-            "crf=%s",
+            "idle loop built: avatar=%s clip=%d:%s bitrate=%d frames=%d keyframes=%d bytes=%d "
+            "preset=%s crf=%s",
             key.avatar_id,
+            key.clip_start,
+            key.clip_stop,
             key.bitrate,
             loop.length,
             len(loop.keyframes),

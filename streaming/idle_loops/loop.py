@@ -1,9 +1,11 @@
 """One avatar's idle loop, H.264-encoded once into RTP payloads every call can send.
 
-A silent call shows avatar frame ``bounce_index(n, count)`` for its frame ``n``
-(:mod:`compositor.sequencer`): the same pictures, in the same order, for every caller of
-the avatar. :func:`encode_loop` encodes them once, for a loop of :func:`loop_length`
-positions (frame ``n`` of any call is position ``n % length``), with an IDR every
+A silent call shows the frames of its idle clip bounced, ``start + bounce_index(p, length)``
+at bounce position ``p`` (:mod:`compositor.clips`; without clips the clip is every frame
+and ``p`` is the call's frame ``n``): the same pictures, in the same order, for every
+caller of the avatar playing that clip. :func:`encode_loop` encodes them once per clip
+(:attr:`LoopKey.clip_start`, :attr:`LoopKey.clip_stop`), for a loop of :func:`loop_length`
+positions (bounce position ``p`` is loop position ``p % length``), with an IDR every
 ``keyframe_every`` positions and at position 0, so a call may join at any of those
 keyframes and the loop's wrap never references a picture from its other end
 (``docs/architecture.md`` §16). The payloads come from the same packetiser a call's own
@@ -28,7 +30,7 @@ from typing import Any
 import av
 import numpy as np
 
-from compositor.sequencer import bounce_index
+from compositor.clips import Clip, bounce_index
 from streaming.webrtc.encoder_config import TIME_BASE, EncoderConfig, open_codec
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
@@ -59,8 +61,9 @@ def loop_length(frame_count: int, keyframe_every: int) -> int:
 @dataclass(frozen=True)
 class LoopKey:
     """What makes two calls' idle loops the same stream: the avatar's frames (``source``
-    changes when they do), the live encoder's config, the rung's bitrate, the keyframe
-    interval and the preset."""
+    changes when they do), the clip (frames ``[clip_start, clip_stop)``; ``clip_stop``
+    None is every frame, and is stored as ``frame_count``), the live encoder's config, the
+    rung's bitrate, the keyframe interval and the preset."""
 
     avatar_id: str
     source: str
@@ -70,10 +73,34 @@ class LoopKey:
     preset: str
     frame_count: int
     constant_quality: bool = False
+    clip_start: int = 0
+    clip_stop: int | None = None
+
+    def __post_init__(self) -> None:
+        stop = self.frame_count if self.clip_stop is None else self.clip_stop
+        if not 0 <= self.clip_start < stop <= self.frame_count:
+            raise ValueError(
+                f"idle loop clip [{self.clip_start}, {stop}) is not inside the avatar's "
+                f"{self.frame_count} frames"
+            )
+        object.__setattr__(self, "clip_stop", stop)  # one key per clip, however it was named
+
+    @property
+    def clip_length(self) -> int:
+        """Frames of the clip the loop bounces over."""
+        return (self.frame_count if self.clip_stop is None else self.clip_stop) - self.clip_start
 
     @property
     def length(self) -> int:
-        return loop_length(self.frame_count, self.keyframe_every)
+        return loop_length(self.clip_length, self.keyframe_every)
+
+    def frame(self, position: int) -> int:
+        """The avatar frame at loop (bounce) ``position``."""
+        return self.clip_start + bounce_index(position, self.clip_length)
+
+    def for_clip(self, clip: Clip) -> LoopKey:
+        """The same loop of another clip of the avatar (:class:`compositor.clips.Clip`)."""
+        return replace(self, clip_start=clip.start, clip_stop=clip.stop)
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,7 +205,7 @@ def encode_loop(key: LoopKey, frame_at: Callable[[int], np.ndarray]) -> EncodedL
     payloads: list[tuple[bytes, ...]] = []
     keyframes: set[int] = set()
     for position in range(key.length):
-        image = frame_at(bounce_index(position, key.frame_count))
+        image = frame_at(key.frame(position))
         frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(image), format="yuv420p")
         frame.pts = int(position * _VIDEO_CLOCK / fps)
         frame.time_base = TIME_BASE
