@@ -10,7 +10,9 @@ What is asserted is counted in frames on the session's media timeline, never in
 wall-clock rates (tests/live_calls.py): video frames per second of received voice, the
 demo avatar's mouth (the luma of its mouth box against its own closed mouth, as
 tests/test_streaming.py's ``MouthProbe``) open while the avatar speaks and still in the
-silence after, and still from 5 frames (200 ms) after a Pipecat interruption.
+silence after, and still from 5 frames (200 ms) after a Pipecat interruption; what each
+utterance played (``LipstreamSpeechEndedFrame``); and a switch to a smaller avatar
+mid-call, seen in the frames' size from the frame the server named.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 
 import lipstream_client as lc
 from compositor.yuv import bgr_to_i420
-from inference_core.assets.demo_avatar import ensure_demo_avatar
+from inference_core.assets.demo_avatar import ensure_demo_avatar, write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
 from tests.media import espeak_wav, read_wav, resample_linear
@@ -56,7 +58,7 @@ try:
         from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
         from pipecat.workers.runner import WorkerRunner
 
-        from lipstream_client.pipecat import LipstreamVideoService
+        from lipstream_client.pipecat import LipstreamSpeechEndedFrame, LipstreamVideoService
     PIPECAT_MISSING = ""
 except ImportError as exc:  # a broken test environment: the test fails, it is not skipped
     PIPECAT_MISSING = f"{exc}: {INSTALL}"
@@ -107,6 +109,7 @@ if not PIPECAT_MISSING:
         index: int
         received_at: float
         mouth: float
+        size: tuple[int, int] = (0, 0)
 
     @dataclass
     class Collected:
@@ -115,12 +118,13 @@ if not PIPECAT_MISSING:
         voice_samples: int = 0
         voice_rates: set[int] = field(default_factory=set)
         loud_ms: list[float] = field(default_factory=list)
+        played: list[LipstreamSpeechEndedFrame] = field(default_factory=list)
         passed: list[str] = field(default_factory=list)
 
     class Sink(FrameProcessor):
         """Collects what reaches the end of the pipeline, keeping numbers, not images."""
 
-        def __init__(self, probe: MouthProbe) -> None:
+        def __init__(self, probe: MouthProbe | None) -> None:
             super().__init__()
             self.probe = probe
             self.got = Collected()
@@ -131,11 +135,18 @@ if not PIPECAT_MISSING:
             if isinstance(frame, OutputImageRawFrame):
                 width, height = frame.size
                 got.sizes.add((frame.size, frame.format, len(frame.image)))
-                rgb = np.frombuffer(frame.image, np.uint8).reshape(height, width, 3)
-                luma = bgr_to_i420(np.ascontiguousarray(rgb[:, :, ::-1]))[:height]
                 index = int(frame.metadata["lipstream_index"])
-                mouth = self.probe.diff(index, luma)
-                got.video.append(Seen(index, float(frame.metadata["lipstream_received_at"]), mouth))
+                mouth = 0.0
+                if self.probe is not None:
+                    rgb = np.frombuffer(frame.image, np.uint8).reshape(height, width, 3)
+                    luma = bgr_to_i420(np.ascontiguousarray(rgb[:, :, ::-1]))[:height]
+                    mouth = self.probe.diff(index, luma)
+                seen = Seen(
+                    index, float(frame.metadata["lipstream_received_at"]), mouth, frame.size
+                )
+                got.video.append(seen)
+            elif isinstance(frame, LipstreamSpeechEndedFrame):
+                got.played.append(frame)
             elif isinstance(frame, SpeechOutputAudioRawFrame):
                 got.voice_rates.add(frame.sample_rate)
                 got.voice_samples += frame.num_frames
@@ -239,6 +250,13 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
             cut = max(s.index for s in got.video if s.received_at <= interrupted_at)
             interrupted = await until(lambda: event("interrupted", 2), "the interrupted event")
             assert interrupted["dropped_ms"] > 500
+            # What the user was sent of the cut utterance: at least the second seen.
+            cut_end = event("speech_ended", 2)
+            assert cut_end is not None, events
+            assert cut_end["interrupted"] is True
+            assert 900 <= cut_end["played_ms"] <= len(long) / RATE * 1000 - 500
+            assert events.index(cut_end) < events.index(interrupted)
+            assert interrupted["played"] == [{"utterance": 2, "played_ms": cut_end["played_ms"]}]
             await until(lambda: got.video[-1].index >= cut + 5 + 2 * FPS, "2 s after the cut")
             assert max(mouths(got.video, cut - FPS, cut + 1)) > OPEN, "not speaking when cut"
             tail = mouths(got.video, cut + 5, cut + 5 + 2 * FPS)
@@ -276,6 +294,12 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
         last_said = event("speech_ended", 3)
         assert last_said is not None, events
         assert last_said["duration_ms"] == pytest.approx(len(hello) / RATE * 1000, abs=60)
+        # Each utterance's end went downstream as a frame: what it played, whether cut.
+        played = [(f.utterance, f.interrupted) for f in got.played]
+        assert played == [(1, False), (2, True), (3, False)], got.played
+        assert got.played[0].played_ms == pytest.approx(got.played[0].duration_ms or 0, abs=20)
+        assert got.played[1].played_ms == cut_end["played_ms"]
+        assert got.played[2].played_ms == pytest.approx(last_said["duration_ms"], abs=20)
         assert max(got.loud_ms) >= last_said["media_ms"] - 500
         assert avatar.call is None
         async with lc.Client(url) as client:
@@ -354,3 +378,104 @@ async def test_an_unknown_avatar_and_a_rate_lipstream_does_not_take_are_reported
         async with lc.Client(url) as client:
             with pytest.raises(lc.SessionNotFound):
                 await client.state(call.session_id)
+
+
+def test_speech_ended_frames_carry_what_was_played() -> None:
+    if PIPECAT_MISSING:
+        pytest.fail(PIPECAT_MISSING)
+    cut = LipstreamSpeechEndedFrame.from_event(
+        {
+            "type": "speech_ended",
+            "utterance": 4,
+            "duration_ms": 3000.0,
+            "played_ms": 1240.0,
+            "interrupted": True,
+        }
+    )
+    assert (cut.utterance, cut.played_ms, cut.duration_ms, cut.interrupted) == (
+        4,
+        1240.0,
+        3000.0,
+        True,
+    )
+    # From a server before playback positions: the whole utterance was played.
+    older = LipstreamSpeechEndedFrame.from_event(
+        {"type": "speech_ended", "utterance": 1, "duration_ms": 800.0}
+    )
+    assert (older.played_ms, older.interrupted) == (800.0, False)
+
+
+@pytest.mark.slow
+async def test_a_pipeline_switches_the_avatar_and_its_idle_clip_mid_call(
+    tmp_path: Path, loopback: None
+) -> None:
+    if PIPECAT_MISSING:
+        pytest.fail(PIPECAT_MISSING)
+    small = (640, 360)
+    write_demo_avatar(tmp_path / "avatars" / "small", count=30, size=small, seed=5)
+    hello = spoken(tmp_path, "hello", "hello there, let me hand you over to my colleague")
+    async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        tts, avatar, sink = (
+            FakeTts(),
+            LipstreamVideoService(base_url=url, avatar="demo"),
+            Sink(None),
+        )
+        events: list[lc.Event] = []
+
+        @avatar.event_handler("on_avatar_changed")
+        @avatar.event_handler("on_idle_clip_changed")
+        @avatar.event_handler("on_speech_ended")
+        async def on_event(service: LipstreamVideoService, event: lc.Event) -> None:
+            events.append(event)
+
+        def event(kind: str) -> lc.Event | None:
+            return next((e for e in events if e["type"] == kind), None)
+
+        worker = PipelineWorker(
+            Pipeline([tts, avatar, sink]),
+            params=PipelineParams(audio_out_sample_rate=RATE),
+            enable_rtvi=False,
+            idle_timeout_secs=None,
+            cancel_on_idle_timeout=False,
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run(), name="pipecat-runner")
+        got = sink.got
+        try:
+            await until(lambda: len(got.video) >= FPS, "the avatar's first second")
+            await tts.say(hello)
+            switched = await avatar.switch_avatar("small")
+            assert (switched.previous, switched.avatar, avatar.avatar) == ("demo", "small", "small")
+            changed = await until(lambda: event("avatar_changed"), "on_avatar_changed")
+            assert (changed["frame"], changed["frame_size"]) == (switched.frame, list(small))
+            await until(
+                lambda: got.video[-1].index >= switched.frame + FPS, "a second of the new avatar"
+            )
+            assert {s.size for s in got.video if s.index < switched.frame} == {(1280, 720)}
+            assert {s.size for s in got.video if s.index >= switched.frame} == {small}
+            ended = await until(lambda: event("speech_ended"), "the utterance to end")
+            assert ended["interrupted"] is False
+            assert ended["played_ms"] == pytest.approx(len(hello) / RATE * 1000, abs=60)
+
+            with pytest.raises(lc.NotFound):
+                await avatar.switch_avatar("nobody")
+            assert avatar.avatar == "small"
+            assert avatar.call is not None
+            state = await avatar.call.state()
+            chosen = await avatar.set_idle_clip(state["clips"][-1])
+            assert chosen.clip == state["clips"][-1]
+            with pytest.raises(lc.NotFound):
+                await avatar.set_idle_clip("no-such-clip")
+            shown = got.video[-1].index
+            await until(lambda: got.video[-1].index >= shown + FPS, "video after the refusals")
+            await worker.queue_frame(EndFrame())
+            async with asyncio.timeout(TIMEOUT_S):
+                await running
+        finally:
+            if not running.done():
+                await worker.cancel()
+                await running
+        assert [f.utterance for f in got.played] == [1]
+        assert "ErrorFrame" not in got.passed
