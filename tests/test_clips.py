@@ -1,4 +1,5 @@
-"""Idle clips: the manifest's ranges, the package accessor, and the call's clip plan."""
+"""Idle clips: the manifest's ranges, the package accessor, the call's clip plan, and
+the shared idle loop of each clip."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from pydantic import ValidationError
 from compositor.clips import Clip, ClipNotFoundError, ClipPlan, bounce_index
 from compositor.frame_similarity import FrameThumbnails
 from compositor.sequencer import FrameSequencer
+from config.settings import VideoSettings
 from inference_core.avatars.exceptions import AvatarInvalidError
 from inference_core.avatars.manifest import AvatarManifest, format_validation_error
 from inference_core.avatars.package import AvatarPackage
+from streaming.idle_loops.loop import LoopKey, encode_loop, loop_length
+from streaming.webrtc.encoder_config import EncoderConfig
 from tests.packages import make_package
 
 LOUD, QUIET = -20.0, -70.0
@@ -305,3 +309,53 @@ def test_clip_changes_move_no_more_than_the_avatars_own_motion() -> None:
     worst = max(thumbs.distance(a, b) for a, b in itertools.pairwise(shown))
     assert worst <= thumbs.max_step() + 1e-6
     assert len(plan.segments) > 20
+
+
+# --- shared idle loops per clip -------------------------------------------------------
+
+
+def _loop_key(clip_start: int = 0, clip_stop: int | None = None) -> LoopKey:
+    config = EncoderConfig.from_settings(VideoSettings(bitrate_kbps=300), 64, 48, 25)
+    return LoopKey(
+        "alice",
+        "v1",
+        config,
+        config.bitrate,
+        12,
+        "veryfast",
+        30,
+        clip_start=clip_start,
+        clip_stop=clip_stop,
+    )
+
+
+def test_a_loop_key_names_its_clip_and_all_frames_by_default() -> None:
+    whole = _loop_key()
+    assert (whole.clip_start, whole.clip_stop, whole.clip_length) == (0, 30, 30)
+    assert whole == _loop_key(clip_start=0, clip_stop=30)  # one key, however it is named
+    thinking = whole.for_clip(Clip("thinking", 10, 15))
+    assert (thinking.clip_start, thinking.clip_stop) == (10, 15)
+    assert thinking != whole
+    assert thinking.length == loop_length(5, 12) == 16
+    assert whole.length == loop_length(30, 12)
+    with pytest.raises(ValueError, match="not inside the avatar's 30 frames"):
+        _loop_key(clip_start=20, clip_stop=31)
+
+
+def test_a_clip_loop_encodes_the_clip_bounced() -> None:
+    key = _loop_key(clip_start=10, clip_stop=15)
+    asked: list[int] = []
+
+    def frame_at(i: int) -> np.ndarray:
+        asked.append(i)
+        return np.full((72, 64), 16 + 7 * i, dtype=np.uint8)
+
+    loop = encode_loop(key, frame_at)
+    assert loop.length == 16
+    assert asked == [10 + bounce_index(p, 5) for p in range(16)]
+    plan = ClipPlan(30, {"thinking": (10, 15)})
+    plan.choose("thinking")
+    plan.advance(0, False)
+    clip, position = plan.loop_position(0)
+    assert key == key.for_clip(clip)
+    assert asked[position % loop.length] == plan.at(0)
