@@ -1,7 +1,8 @@
 // lipstream demo page: the UI around one call made with ./lipstream.js (the browser
 // client any page can use). It publishes, for tests, window.lipstreamStats (the call's
 // receive stats, refreshed every second) and window.lipstreamEvents (the server events
-// received on the call's data channel, in order).
+// received on the call's data channel, in order). During a call the avatar picker
+// switches the running call's avatar and the clip picker sets its idle clip.
 
 import { connect, listAvatars, LipstreamError, openMicrophone } from "./lipstream.js";
 
@@ -22,6 +23,7 @@ const EMPTY_STATS = Object.freeze({
 const $ = (id) => document.getElementById(id);
 const ui = {
   avatar: $("avatar"),
+  idleClip: $("idle-clip"),
   startMic: $("start-mic"),
   startNoMic: $("start-no-mic"),
   hangUp: $("hang-up"),
@@ -48,7 +50,10 @@ const ui = {
 const rawAudio = new URLSearchParams(location.search).get("raw_audio") === "1";
 
 let avatarsLoaded = false;
-// The call being made or in progress: {abort, call, microphone, statsTimer, speaking}, or null.
+// The avatars from GET /avatars, by id: {id, name, clips}.
+const avatarsById = new Map();
+// The call being made or in progress: {abort, call, microphone, statsTimer, speaking,
+// switching}, or null.
 let current = null;
 
 function showStatus(text, kind = "info") {
@@ -65,7 +70,10 @@ function showError(err) {
 function setCallState(phase) {
   document.body.dataset.call = phase;
   const idle = phase === "idle";
-  ui.avatar.disabled = !idle || !avatarsLoaded;
+  const connected = phase === "connected";
+  // In a call the picker switches its avatar; not while a switch is loading.
+  ui.avatar.disabled = !avatarsLoaded || !(idle || (connected && !current?.switching));
+  ui.idleClip.disabled = !connected || ui.idleClip.options.length === 0 || !ui.idleClip.value;
   ui.startMic.disabled = !idle || !avatarsLoaded;
   ui.startNoMic.disabled = !idle || !avatarsLoaded;
   ui.hangUp.disabled = idle;
@@ -109,9 +117,20 @@ function describe(event) {
   if (event.utterance != null) parts.push(`utterance ${event.utterance}`);
   if (event.source) parts.push(event.source);
   if (event.utterances) parts.push(`utterances ${event.utterances.join(", ") || "none"}`);
-  for (const key of ["queued_ms", "duration_ms", "dropped_ms"]) {
+  if (event.avatar) parts.push(`avatar ${event.avatar}`);
+  if (event.clip) parts.push(`clip ${event.clip}`);
+  if (event.previous) parts.push(`was ${event.previous}`);
+  if (typeof event.frame === "number") parts.push(`frame ${event.frame}`);
+  if (Array.isArray(event.frame_size)) parts.push(event.frame_size.join("×"));
+  for (const key of ["queued_ms", "duration_ms", "played_ms", "dropped_ms"]) {
     if (typeof event[key] === "number") parts.push(`${key.replace("_ms", "")} ${Math.round(event[key])} ms`);
   }
+  if (Array.isArray(event.played)) {
+    const played = event.played.map((p) => `${p.utterance}: ${Math.round(p.played_ms)} ms`);
+    parts.push(`played ${played.join(", ") || "none"}`);
+  }
+  if (event.type === "speech_ended" && event.interrupted) parts.push("cut");
+  if (event.code) parts.push(`${event.code}: ${event.message ?? ""}`);
   if (event.reason) parts.push(event.reason);
   return `#${event.seq ?? "?"} ${event.type}${parts.length ? `: ${parts.join(", ")}` : ""}`;
 }
@@ -123,6 +142,12 @@ function onServerEvent(live, event) {
   if (event.type === "speech_started") live.speaking.add(event.utterance);
   else if (event.type === "speech_ended") live.speaking.delete(event.utterance);
   else if (event.type === "interrupted" || event.type === "session_ended") live.speaking.clear();
+  if (event.type === "avatar_changed") {
+    ui.avatar.value = event.avatar;
+    refreshClips(live).catch((err) => console.warn("cannot read the idle clips", err));
+  } else if (event.type === "idle_clip_changed" && [...ui.idleClip.options].some((o) => o.value === event.clip)) {
+    ui.idleClip.value = event.clip;
+  }
   showSpeaking(live);
   if (event.type !== "queued_ms") ui.eventLog.textContent = describe(event); // it comes often
 }
@@ -145,6 +170,7 @@ function resetPage(live) {
   live.abort.abort();
   for (const track of live.microphone?.getTracks() ?? []) track.stop();
   ui.video.srcObject = null;
+  showClips([], null);
   publishStats({ ...EMPTY_STATS });
   showSpeaking(null);
   setCallState("idle");
@@ -157,7 +183,14 @@ async function start(withMic) {
     showStatus("Pick an avatar first.", "error");
     return;
   }
-  const live = { abort: new AbortController(), call: null, microphone: null, statsTimer: null, speaking: new Set() };
+  const live = {
+    abort: new AbortController(),
+    call: null,
+    microphone: null,
+    statsTimer: null,
+    speaking: new Set(),
+    switching: false,
+  };
   current = live;
   window.lipstreamEvents = [];
   ui.eventLog.textContent = "–";
@@ -180,7 +213,9 @@ async function start(withMic) {
     attachStream(call.stream);
     live.statsTimer = setInterval(() => updateStats(live), STATS_INTERVAL_MS);
     publishStats({ ...window.lipstreamStats, state: call.pc.connectionState });
+    showClips(avatarsById.get(avatar)?.clips ?? [], null);
     setCallState("connected");
+    refreshClips(live).catch((err) => console.warn("cannot read the idle clips", err));
     showStatus(live.microphone ? "Connected: speak, and the avatar lip-syncs your voice." : "Connected.");
   } catch (err) {
     if (current !== live) return; // hung up while connecting: nothing to report
@@ -249,6 +284,67 @@ async function interrupt() {
   showStatus("Interrupted.");
 }
 
+/** Fill the clip picker: the avatar's idle clips, `selected` chosen (else the first). */
+function showClips(clips, selected) {
+  ui.idleClip.replaceChildren(...clips.map((clip) => new Option(clip, clip)));
+  if (selected && clips.includes(selected)) ui.idleClip.value = selected;
+  if (clips.length === 0) ui.idleClip.replaceChildren(new Option("–", ""));
+  setCallState(document.body.dataset.call ?? "idle");
+}
+
+/** The call's avatar, its clips and the one playing, as the server has them now. */
+async function refreshClips(live) {
+  const state = await live.call.state();
+  if (current !== live) return;
+  if (state.avatar) ui.avatar.value = state.avatar;
+  const clips = state.clips ?? avatarsById.get(state.avatar)?.clips ?? [];
+  showClips(clips, state.idle_clip ?? null);
+}
+
+/** The avatar picker changed: before a call it only picks; during one it switches. */
+async function pickAvatar() {
+  const live = current;
+  const avatar = ui.avatar.value;
+  if (!live?.call || document.body.dataset.call !== "connected") return;
+  const shown = live.call.avatar;
+  if (!avatar || avatar === shown) return;
+  live.switching = true;
+  setCallState("connected");
+  showStatus(`Switching to ${avatarsById.get(avatar)?.name ?? avatar}…`);
+  try {
+    const switched = await live.call.switchAvatar(avatar);
+    if (current !== live) return;
+    showStatus(
+      switched.changed
+        ? `Switched to ${avatarsById.get(avatar)?.name ?? avatar} from frame ${switched.frame}.`
+        : `Already showing ${avatar}.`,
+    );
+    // The clips now are the new avatar's (avatar_changed refreshes them again).
+    showClips(avatarsById.get(avatar)?.clips ?? [], null);
+  } catch (err) {
+    if (current === live) ui.avatar.value = live.call.avatar ?? shown ?? ""; // the call goes on as it was
+    throw err;
+  } finally {
+    live.switching = false;
+    if (current === live) setCallState("connected");
+  }
+}
+
+/** The clip picker changed: play that clip while the avatar is silent. */
+async function pickIdleClip() {
+  const live = current;
+  const clip = ui.idleClip.value;
+  if (!live?.call || !clip) return;
+  const previous = live.call.idleClip;
+  try {
+    const set = await live.call.setIdleClip(clip);
+    if (current === live) showStatus(`Idle clip: ${set.clip ?? clip}.`);
+  } catch (err) {
+    if (current === live && previous) ui.idleClip.value = previous;
+    throw err;
+  }
+}
+
 async function loadAvatars() {
   try {
     const avatars = await listAvatars();
@@ -257,6 +353,8 @@ async function loadAvatars() {
       showStatus("The server has no avatars: add one under avatars.root or enable the demo.", "error");
       return;
     }
+    avatarsById.clear();
+    for (const a of avatars) avatarsById.set(a.id, a);
     ui.avatar.replaceChildren(...avatars.map((a) => new Option(a.name ?? a.id, a.id)));
     avatarsLoaded = true;
     setCallState("idle");
@@ -290,6 +388,8 @@ ui.hangUp.addEventListener(
 ui.playSample.addEventListener("click", handle(playSample));
 ui.interrupt.addEventListener("click", handle(interrupt));
 ui.sayForm.addEventListener("submit", handle(say));
+ui.avatar.addEventListener("change", handle(pickAvatar));
+ui.idleClip.addEventListener("change", handle(pickIdleClip));
 // Leaving the page: lipstream.js ends the call itself (a keepalive DELETE).
 
 window.lipstreamEvents = [];

@@ -10,6 +10,8 @@
 //   call.addEventListener("speech_ended", (e) => console.log("done", e.detail.duration_ms));
 //   await call.say("Hello there!");                              // 202: {queued_ms, utterance}
 //   await call.interrupt();                                      // the avatar stops at once
+//   await call.switchAvatar("other");                            // the same call, another face
+//   await call.setIdleClip("thinking");                          // what it plays while silent
 //
 //   const stream = await call.streamAudio({ format: "f32le", rate: 24000 });
 //   stream.send(float32Chunk);                                   // TTS output as it arrives
@@ -139,10 +141,10 @@ async function request(baseUrl, method, path, { json, body, contentType, token, 
 }
 
 /**
- * The avatars a caller may pick.
+ * The avatars a caller may pick, each with the idle clips it can play while silent.
  * @param {string|URL} [baseUrl] the server (default: the one that served this module)
  * @param {{token?: string}} [options]
- * @returns {Promise<Array<{id: string, name: string}>>}
+ * @returns {Promise<Array<{id: string, name: string, clips?: string[]}>>}
  */
 export async function listAvatars(baseUrl, { token } = {}) {
   const data = await request(baseUrl, "GET", "avatars", { token });
@@ -285,7 +287,7 @@ export async function connect({
       json: { sdp: offer.sdp, type: offer.type, avatar: avatar || undefined },
       token,
     });
-    call._started(answer);
+    call._started(answer, avatar);
     signal?.throwIfAborted(); // aborted while the server answered: end the session it made
     await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
     call._watchTransport();
@@ -300,9 +302,11 @@ export async function connect({
 /**
  * A call in progress, made by connect(). An EventTarget dispatching:
  * - each server event received on the `lipstream` data channel (docs/apps.md) as a
- *   CustomEvent of its type (`speech_started`, `speech_ended`, `interrupted`, `queued_ms`,
- *   `session_ended`, …) whose `detail` is the event's JSON; every one is also dispatched
- *   as `event`, for logs;
+ *   CustomEvent of its type (`speech_started`, `speech_ended` with `played_ms` and
+ *   `interrupted`, `interrupted` with `played`, `avatar_changed`, `idle_clip_changed`,
+ *   `queued_ms`, `session_ended`, `error` for a data channel request the server refused,
+ *   …) whose `detail` is the event's JSON; every one is also dispatched as `event`, for
+ *   logs;
  * - `connectionstatechange` (detail: `{state}`, the peer connection's state);
  * - `ended` once, when the call is over for any reason (detail: `{reason, error}`; error
  *   is null after hangUp() and when the server ended the session (reason: the
@@ -325,6 +329,10 @@ export class Call extends EventTarget {
     this.dataChannel = null;
     /** The `seq` of the last server event received (0: none yet). @type {number} */
     this.lastSeq = 0;
+    /** The avatar the call shows: the one asked for, then each `avatar_changed`'s. @type {string|null} */
+    this.avatar = null;
+    /** The idle clip playing while the avatar is silent, once known. @type {string|null} */
+    this.idleClip = null;
     this._baseUrl = baseUrl;
     this._token = token;
     this._ended = null; // the hang-up promise, once the call is ending
@@ -381,7 +389,44 @@ export class Call extends EventTarget {
   }
 
   /**
-   * The session's state and counters (`GET /sessions/{id}`).
+   * Show another avatar in this call (`POST /sessions/{id}/avatar`): resolves once its
+   * model is loaded and the switch is scheduled, with `{avatar, previous, changed, frame,
+   * media_ms}` (`frame`: the first frame of the new avatar); `avatar_changed` follows
+   * when that frame is sent, and the <video> follows a new frame size by itself. Rejects
+   * with `model_not_found`, `avatar_incompatible` (another fps or audio features),
+   * `avatar_switch_busy`, `no_capacity`, `shutting_down`, `model_load_failed`…: the call
+   * goes on with the old avatar. `{transport: "datachannel"}` sends it on the data
+   * channel instead and resolves at once (`{via: "datachannel"}`); the outcome is then an
+   * `avatar_changed` or `error` event.
+   * @param {string} avatar an avatar id (see listAvatars)
+   * @param {{transport?: "http"|"datachannel"}} [options]
+   * @returns {Promise<object>}
+   */
+  async switchAvatar(avatar, { transport = "http" } = {}) {
+    if (transport === "datachannel") return this._sendOnChannel({ type: "switch_avatar", avatar });
+    const answer = await this._request("POST", "avatar", { json: { avatar } });
+    return { ...answer, via: "http" };
+  }
+
+  /**
+   * Play the idle clip `clip` while the avatar is silent (`POST /sessions/{id}/idle`):
+   * resolves with `{clip, previous, clips}`; an unknown clip rejects with
+   * `clip_not_found`, whose message names the avatar's clips. `{transport:
+   * "datachannel"}` as for switchAvatar.
+   * @param {string} clip a clip of the avatar's (listAvatars, or state().clips)
+   * @param {{transport?: "http"|"datachannel"}} [options]
+   * @returns {Promise<object>}
+   */
+  async setIdleClip(clip, { transport = "http" } = {}) {
+    if (transport === "datachannel") return this._sendOnChannel({ type: "set_idle_clip", clip });
+    const answer = await this._request("POST", "idle", { json: { clip } });
+    if (answer?.clip) this.idleClip = answer.clip;
+    return { ...answer, via: "http" };
+  }
+
+  /**
+   * The session's state and counters (`GET /sessions/{id}`): `avatar`, `idle_clip`,
+   * `clips`, frames sent, delay figures, `app_audio`…
    * @returns {Promise<object>}
    */
   state() {
@@ -451,8 +496,19 @@ export class Call extends EventTarget {
     });
   }
 
+  _sendOnChannel(message) {
+    this._requireLive();
+    if (this.dataChannel?.readyState !== "open") {
+      throw new LipstreamError(0, "stream_closed", "The call's data channel is not open.");
+    }
+    this.dataChannel.send(JSON.stringify(message));
+    return { via: "datachannel" };
+  }
+
   _serverEvent(message) {
     if (typeof message.seq === "number") this.lastSeq = Math.max(this.lastSeq, message.seq);
+    if (message.type === "avatar_changed") this.avatar = message.avatar ?? this.avatar;
+    else if (message.type === "idle_clip_changed") this.idleClip = message.clip ?? this.idleClip;
     this.dispatchEvent(new CustomEvent(message.type, { detail: message }));
     this.dispatchEvent(new CustomEvent("event", { detail: message }));
     if (message.type === "session_ended" && !this.closed) {
@@ -460,8 +516,9 @@ export class Call extends EventTarget {
     }
   }
 
-  _started(answer) {
+  _started(answer, avatar) {
     this.sessionId = answer.session_id;
+    this.avatar = answer.avatar ?? avatar ?? null;
     this.delay = answer.delay ?? null;
   }
 
@@ -594,9 +651,9 @@ export class Call extends EventTarget {
  * An audio stream into a call (Call.streamAudio()): PCM goes in as it is made, and the
  * avatar starts speaking on the first chunk. An EventTarget dispatching each server
  * message as a CustomEvent of its type (`ready`, `queued_ms`, `speech_started`,
- * `speech_ended`, `interrupted`, `session_ended`, and `error` for a refused message:
- * detail `{code, message, …}`, the stream stays open), each also as `message`; and
- * `close` once (detail: `{code, reason, wasClean}`).
+ * `speech_ended`, `interrupted`, `avatar_changed`, `idle_clip_changed`, `session_ended`,
+ * and `error` for a refused message: detail `{code, message, …}`, the stream stays
+ * open), each also as `message`; and `close` once (detail: `{code, reason, wasClean}`).
  */
 export class AudioStream extends EventTarget {
   /** @internal use Call.streamAudio() */
@@ -655,6 +712,16 @@ export class AudioStream extends EventTarget {
   /** Drop everything queued in the session (as Call.interrupt() does). */
   interrupt() {
     this._sendJson({ type: "interrupt" });
+  }
+
+  /** Show another avatar (as Call.switchAvatar()); `avatar_changed` or `error` follows. */
+  switchAvatar(avatar) {
+    this._sendJson({ type: "switch_avatar", avatar });
+  }
+
+  /** Play the idle clip `clip` while silent; `idle_clip_changed` or `error` follows. */
+  setIdleClip(clip) {
+    this._sendJson({ type: "set_idle_clip", clip });
   }
 
   /** Close the stream; its open utterance plays out. */
