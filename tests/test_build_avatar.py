@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.validation import validate_package
-from inference_core.importers import ImportFailedError, write_package
+from inference_core.importers import ImportFailedError, parse_clip, write_package
 from inference_core.importers.build import build_from_video, prepare_synctalk
 from tests.onnx_builders import tiny_lipsync
 from web.cli.main import main
@@ -154,6 +154,42 @@ def test_rects_file_instead_of_a_detector(demo: Path, tmp_path: Path) -> None:
     with pytest.raises(ImportFailedError, match=r"10 rects for 40 frames"):
         build_from_video(
             video, tiny_lipsync(tmp_path / "u.onnx"), None, tmp_path / "w3", rects_file=rects
+        )
+
+
+def test_clips_count_in_the_video_and_the_kept_segment_holds_them(
+    demo: Path, tmp_path: Path
+) -> None:
+    video = person_video(demo, tmp_path / "person.mp4")
+    rects = tmp_path / "faces.json"
+    rects.write_text(json.dumps([list(FACE_BOX)] * FRAMES))
+    lipsync = tiny_lipsync(tmp_path / "u.onnx")
+    clips = [parse_clip("idle=10:20"), parse_clip("wave=1.2s:1.4s")]  # frames 30-34
+    source = build_from_video(
+        video,
+        lipsync,
+        demo / "audio_encoder.onnx",
+        tmp_path / "w",
+        rects_file=rects,
+        min_seconds=0.4,
+        clips=clips,
+    )
+    first = int(source.frames[0].stem)
+    assert first <= 10
+    assert int(source.frames[-1].stem) >= 34
+    assert source.clips == {"idle": (10 - first, 20 - first), "wave": (30 - first, 35 - first)}
+    assert any(note.startswith("clips, in the kept frames: idle") for note in source.notes)
+    report = write_package(source, tmp_path / "avatars", "person")
+    manifest = json.loads((report.path / "avatar.json").read_text())
+    assert manifest["clips"] == {name: list(span) for name, span in source.clips.items()}
+    with pytest.raises(ImportFailedError, match=r"--clip 'wave=38:45': frames \[38, 45\) are past"):
+        build_from_video(
+            video,
+            lipsync,
+            None,
+            tmp_path / "w2",
+            rects_file=rects,
+            clips=[parse_clip("wave=38:45")],
         )
 
 

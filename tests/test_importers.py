@@ -28,9 +28,11 @@ from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.validation import validate_package
 from inference_core.importers import (
     ImportFailedError,
+    clip_ranges,
     fit_rects,
     livetalking,
     load_numbers,
+    parse_clip,
     synctalk2d,
     ultralight,
     write_package,
@@ -243,6 +245,75 @@ def test_the_cli_imports_and_reports(
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("idle=0:60", (0, 60)),
+        ("thinking=4.8s:7.2s", (120, 180)),
+        ("wave=2s:75", (50, 75)),
+        ("a_b-1=.5s:1.s", (12, 25)),  # 12.5 rounds to the even 12
+    ],
+)
+def test_a_clip_option_reads_frames_or_seconds(text: str, expected: tuple[int, int]) -> None:
+    option = parse_clip(text)
+    assert option.name == text.split("=")[0]
+    assert option.frames(25) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("idle", "--clip 'idle': write NAME=START:STOP"),
+        ("idle=0-60", "--clip 'idle=0-60': write NAME=START:STOP"),
+        ("Idle=0:60", "--clip 'Idle=0:60': the name 'Idle' must be 1-32 characters"),
+        ("idle=a:60", "--clip 'idle=a:60': START 'a' is not a frame number (120) or seconds"),
+        ("idle=0:-6", "--clip 'idle=0:-6': STOP '-6' is not a frame number"),
+        ("idle=0:2ms", "STOP '2ms' is not a frame number"),
+    ],
+)
+def test_a_bad_clip_option_is_refused_naming_it(text: str, message: str) -> None:
+    with pytest.raises(ImportFailedError) as caught:
+        parse_clip(text)
+    assert message in str(caught.value)
+
+
+def test_clip_ranges_fit_the_avatar_or_are_refused() -> None:
+    options = [parse_clip("idle=0:4"), parse_clip("thinking=0.08s:0.24s")]
+    assert clip_ranges(options, 25, 6) == {"idle": (0, 4), "thinking": (2, 6)}
+    assert clip_ranges(options, 25, 10, shift=0) == {"idle": (0, 4), "thinking": (2, 6)}
+    with pytest.raises(ImportFailedError, match=r"frames \[0, 4\) are past the avatar's 3 frames"):
+        clip_ranges(options, 25, 3)
+    with pytest.raises(ImportFailedError, match=r"frames 1 to 6 were kept"):
+        clip_ranges(options, 25, 6, shift=1)
+    with pytest.raises(ImportFailedError, match="'idle' given twice"):
+        clip_ranges([options[0], options[0]], 25, 6)
+    with pytest.raises(ImportFailedError, match=r"hold 1 frame\(s\) at 25 fps; a clip needs"):
+        clip_ranges([parse_clip("wave=0.1s:0.12s")], 25, 6)
+    assert clip_ranges([parse_clip("still=0:1")], 25, 1) == {"still": (0, 1)}
+
+
+def test_the_cli_imports_clips_and_refuses_bad_ones(
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = synctalk_folder(demo, tmp_path / "may")
+    config = tmp_path / "lipstream.yaml"
+    root = tmp_path / "avatars"
+    config.write_text(f"avatars:\n  root: {root}\n  demo: false\n")
+    argv = ["--config", str(config), "avatar", "import", "synctalk2d", str(folder)]
+    argv += ["--lipsync", str(folder / "unet_328.onnx"), "--no-progress"]
+    argv += ["--audio-encoder", str(folder / "audio_encoder.onnx")]
+    assert main([*argv, "--clip", "thinking=7:9"]) == 1
+    assert "--clip 'thinking=7:9': frames [7, 9) are past the avatar's 6 frames" in (
+        capsys.readouterr().err
+    )
+    assert not (root / "may").exists()  # refused before anything was written
+    assert main([*argv, "--clip", "idle=0:4", "--clip", "thinking=0.08s:0.24s"]) == 0
+    manifest = json.loads((root / "may" / "avatar.json").read_text())
+    assert manifest["clips"] == {"idle": [0, 4], "thinking": [2, 6]}
+    assert AvatarLocator(root).load("may").clips == {"idle": (0, 4), "thinking": (2, 6)}
+    assert validate_package(root / "may") == []
+
+
 async def test_a_live_call_lip_syncs_on_an_imported_avatar(
     demo: Path, tmp_path: Path, loopback: None
 ) -> None:
@@ -332,11 +403,23 @@ async def test_the_admin_api_imports_into_a_running_server(demo: Path, tmp_path:
         assert broken.status == 422
         assert (await broken.json())["error"]["code"] == "import_failed"
         assert not root.exists() or _leftovers(root) == []
-        response = await client.post("/admin/avatars/import", json=wanted)
+        bad_clip = await client.post(
+            "/admin/avatars/import", json={**wanted, "clips": {"thinking": [4, 9]}}
+        )
+        assert bad_clip.status == 422
+        assert (
+            "clips.thinking: [4, 9] must be a [start, stop) range"
+            in ((await bad_clip.json())["error"]["message"])
+        )
+        assert not (root / "may").exists()
+        response = await client.post(
+            "/admin/avatars/import", json={**wanted, "clips": {"thinking": [2, 6]}}
+        )
         assert response.status == 201, await response.text()
         imported = await response.json()
         assert (imported["id"], imported["frames"], imported["dynamic_batch"]) == ("may", 6, False)
         assert imported["frame_size"] == [1280, 720]
+        assert AvatarLocator(root).load("may").clips == {"idle": (0, 6), "thinking": (2, 6)}
         models = await (await client.get("/admin/models")).json()
         assert "may" in [m["id"] for m in models["models"]]
         loaded = await client.post("/admin/models/may/load")

@@ -20,6 +20,7 @@ app (``web.edge.edge_app``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import time
 from collections.abc import AsyncIterator
@@ -178,6 +179,8 @@ async def import_avatar(request: web.Request) -> web.Response:
             source = synctalk2d(directory, lipsync, encoder)
         else:
             source = livetalking(directory, wanted.kind, lipsync, encoder)
+        clips = {name: (span[0], span[1]) for name, span in (wanted.clips or {}).items()}
+        source = dataclasses.replace(source, clips=clips)
         return write_package(source, avatars, wanted.id, link=wanted.link, replace=wanted.replace)
 
     async with request.app[IMPORT_LOCK]:

@@ -3,9 +3,11 @@
 :mod:`.sources` reads another project's folder into an :class:`AvatarSource` (frames,
 one crop rect per frame, models, adapter); :mod:`.writer` writes it as a lipstream
 package, all or nothing, and validates it. :mod:`.rects` holds the crop rules and
-:mod:`.safe_pickle` reads coordinate pickles without running them.
+:mod:`.safe_pickle` reads coordinate pickles without running them; :mod:`.clips` reads the
+clips (``--clip NAME=START:STOP``) an import names.
 """
 
+from inference_core.importers.clips import ClipOption, clip_ranges, parse_clip
 from inference_core.importers.errors import ImportFailedError
 from inference_core.importers.rects import fit_rects, read_landmarks, synctalk_rect
 from inference_core.importers.safe_pickle import load_numbers
@@ -14,11 +16,14 @@ from inference_core.importers.writer import AvatarSource, ImportReport, write_pa
 
 __all__ = [
     "AvatarSource",
+    "ClipOption",
     "ImportFailedError",
     "ImportReport",
+    "clip_ranges",
     "fit_rects",
     "livetalking",
     "load_numbers",
+    "parse_clip",
     "read_landmarks",
     "synctalk2d",
     "synctalk_rect",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import cv2
 import numpy as np
 
 from inference_core.adapter.spec import AdapterSpec
+from inference_core.importers.clips import ClipOption, clip_ranges, clips_span, describe
 from inference_core.importers.errors import ImportFailedError
 from inference_core.importers.rects import fit_rects
 from inference_core.importers.video import (
@@ -49,9 +51,12 @@ def build_from_video(
     jpeg_quality: int = 95,
     min_seconds: float = 4.0,
     max_gap: int = 12,
+    clips: Sequence[ClipOption] = (),
     progress: Progress | None = None,
 ) -> AvatarSource:
-    """Frames and rects from ``video``; the frames are written under ``work_dir``."""
+    """Frames and rects from ``video``; the frames are written under ``work_dir``.
+
+    ``clips`` count in the video's frames (or seconds); the kept segment holds them all."""
     if (detector is None) == (rects_file is None):
         raise ImportFailedError(f"give exactly one of --face-detector and --rects; {DETECTOR_HELP}")
     boxes = _read_rects_file(rects_file) if rects_file is not None else None
@@ -88,7 +93,11 @@ def build_from_video(
         )
     filled = sum(c is None for c in centres)
     track = smooth(fill_gaps(centres, max_gap))
-    segment = quietest_segment(np.stack(thumbs), max(2, round(min_seconds * fps)))
+    span = clips_span(clips, fps)
+    if span is not None and span[1] > len(paths):
+        clip_ranges(clips, fps, len(paths))  # refuses the clip past the end, naming it
+    segment = quietest_segment(np.stack(thumbs), max(2, round(min_seconds * fps)), span)
+    ranges = clip_ranges(clips, fps, segment.stop - segment.start, shift=segment.start)
     cx, cy, side = (track[segment.start : segment.stop].T).astype(np.float64)
     raw = np.rint(np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], 1))
     fitted = fit_rects(raw.astype(np.int64), size, source=f"face track of {video}")
@@ -96,6 +105,8 @@ def build_from_video(
         f"kept frames {segment.start}-{segment.stop - 1} of {len(paths)}: the segment whose "
         f"two ends move least (mean change {segment.end_motion:.1f}/255 at the turns)",
     ]
+    if ranges:
+        notes.append(f"clips, in the kept frames: {describe(ranges)}")
     if filled:
         notes.append(f"{filled} frame(s) without a face were interpolated from their neighbours")
     if fitted.max_shift_px:
@@ -112,6 +123,7 @@ def build_from_video(
         adapter=AdapterSpec(),
         fps=fps,
         notes=notes,
+        clips=ranges,
     )
 
 

@@ -182,16 +182,20 @@ class Segment:
     end_motion: float  # mean absolute grey-level change at the two turns, 0-255
 
 
-def quietest_segment(thumbs: np.ndarray, min_frames: int) -> Segment:
-    """The segment of at least ``min_frames`` whose two ends move least."""
+def quietest_segment(
+    thumbs: np.ndarray, min_frames: int, covering: tuple[int, int] | None = None
+) -> Segment:
+    """The segment of at least ``min_frames`` whose two ends move least; with
+    ``covering`` ``(first, stop)``, among those that hold frames ``[first, stop)``."""
     n = len(thumbs)
+    first, last = (n, 0) if covering is None else covering
     if n <= min_frames:
         return Segment(0, n, 0.0)
     motion = np.abs(np.diff(thumbs.astype(np.float32), axis=0)).mean(axis=(1, 2))
     at = np.concatenate([[motion[0]], (motion[:-1] + motion[1:]) / 2, [motion[-1]]])
     best = Segment(0, n, float(at[0] + at[n - 1]) / 2)
-    for start in range(0, n - min_frames + 1):
-        stops = np.arange(start + min_frames, n + 1)
+    for start in range(0, min(n - min_frames, first) + 1):
+        stops = np.arange(max(start + min_frames, last), n + 1)
         cost = (at[start] + at[stops - 1]) / 2
         k = int(np.argmin(cost))
         if cost[k] < best.end_motion:

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ class AvatarSource:
     adapter: AdapterSpec
     fps: int = 25
     notes: list[str] = field(default_factory=list)  # what the user should know
+    clips: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # avatar.json "clips"
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,8 @@ def _write(
         "models": models,
         "adapter": source.adapter.model_dump(mode="json"),
     }
+    if source.clips:
+        manifest["clips"] = {name: list(span) for name, span in source.clips.items()}
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
 
 

@@ -6,6 +6,7 @@
     lipstream avatar list | lipstream avatar demo
     lipstream avatar import synctalk2d DIR --lipsync M.onnx --audio-encoder E.onnx [--id ID]
     lipstream avatar import livetalking DIR --kind wav2lip --lipsync M.onnx [--id ID]
+        (import and build: [--clip NAME=START:STOP]... frames or seconds, idle=0:60, x=1s:3s)
     lipstream avatar preview ID [--audio FILE] --out preview.mp4 [--seconds S]
     lipstream avatar build --video V.mp4 (--face-detector D.onnx | --rects R.json)
         --lipsync M.onnx --audio-encoder E.onnx --id ID   (or --prepare-synctalk OUT/)
@@ -20,6 +21,7 @@ Exit status: 0 success, 1 the work failed (message on stderr), 2 bad usage or co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -38,7 +40,9 @@ from inference_core.avatars.validation import validate_package
 from inference_core.importers import (
     AvatarSource,
     ImportReport,
+    clip_ranges,
     livetalking,
+    parse_clip,
     synctalk2d,
     ultralight,
     write_package,
@@ -55,6 +59,7 @@ from web.session_tokens import mint_token
 logger = logging.getLogger("lipstream")
 
 SAMPLE_AUDIO = Path(__file__).parent.parent / "static" / "sample.wav"
+CLIP_HELP = "NAME=START:STOP names frames [START, STOP) (or seconds, 2s:4.5s) a clip; repeat"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -151,6 +156,7 @@ def _import_parser(parser: argparse.ArgumentParser) -> None:
         )
         sub.add_argument("--replace", action="store_true", help="overwrite an existing avatar")
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sub.add_argument("--clip", action="append", default=[], help=CLIP_HELP)
 
 
 def _build_parser(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +179,7 @@ def _build_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--replace", action="store_true", help="overwrite an existing avatar")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--clip", action="append", default=[], help=CLIP_HELP + " of the video")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,8 +296,9 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
         else:
             source = ultralight(directory)
         bar.reset()
+        clips = clip_ranges([parse_clip(c) for c in args.clip], source.fps, len(source.frames))
         result = write_package(
-            source,
+            dataclasses.replace(source, clips=clips),
             settings.avatars.root,
             args.id or directory.name,
             link=args.link,
@@ -329,6 +337,7 @@ def _build(settings: Settings, args: argparse.Namespace) -> int:
                 fps=args.fps,
                 jpeg_quality=args.jpeg_quality,
                 min_seconds=args.min_seconds,
+                clips=[parse_clip(c) for c in args.clip],
                 progress=report,
             )
         result = write_package(

@@ -185,6 +185,11 @@ class AvatarImportRequest(RequestModel):
     id: AvatarId = Field(description="The new avatar's id.")
     replace: bool = Field(default=False, description="Overwrite an avatar of that id.")
     link: bool = Field(default=False, description="Hard-link frames instead of copying.")
+    clips: dict[str, Annotated[list[int], Field(min_length=2, max_length=2)]] | None = Field(
+        default=None,
+        description="Named [start, stop) frame ranges written as avatar.json's clips "
+        '(e.g. {"idle": [0, 60], "thinking": [120, 180]}); checked like the manifest.',
+    )
 
 
 class ImportedAvatar(ResponseModel):
