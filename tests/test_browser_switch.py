@@ -12,6 +12,7 @@ step waits on what the page shows; nothing is timed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,12 +50,16 @@ BRIGHTNESS = """() => {
 
 
 def write_negative_avatar(root: Path) -> Path:
-    """``negative``: a 640x360 demo-style avatar, every frame its colour negative."""
+    """``negative``: a 640x360 demo-style avatar, every frame its colour negative, with
+    two idle clips."""
     package = write_demo_avatar(root / "negative", count=30, size=SMALL, seed=7)
     for path in sorted((package / "frames").glob("*.jpg")):
         image = cv2.imread(str(path))
         assert image is not None, path
         assert cv2.imwrite(str(path), 255 - image, [cv2.IMWRITE_JPEG_QUALITY, 92])
+    manifest = json.loads((package / "avatar.json").read_text())
+    manifest["clips"] = {"idle": [0, 15], "listening": [15, 30]}
+    (package / "avatar.json").write_text(json.dumps(manifest))
     return package
 
 

@@ -164,12 +164,18 @@ def test_the_new_error_codes_are_typed() -> None:
 
 
 def write_avatars(root: Path) -> None:
-    """``small``: a demo-style avatar at 640x360 with another face; ``fast``: the same
-    at 30 fps, which a 25 fps call cannot switch to."""
-    write_demo_avatar(root / "small", count=30, size=SMALL, seed=5)
-    fast = write_demo_avatar(root / "fast", count=30, size=SMALL, seed=6)
-    manifest = json.loads((fast / "avatar.json").read_text())
-    (fast / "avatar.json").write_text(json.dumps({**manifest, "fps": 30}))
+    """``small``: a demo-style avatar at 640x360 with another face and two idle clips;
+    ``fast``: the same at 30 fps, which a 25 fps call cannot switch to."""
+    edit_manifest(
+        write_demo_avatar(root / "small", count=30, size=SMALL, seed=5),
+        clips={"idle": [0, 15], "thinking": [15, 30]},
+    )
+    edit_manifest(write_demo_avatar(root / "fast", count=30, size=SMALL, seed=6), fps=30)
+
+
+def edit_manifest(package: Path, **fields: Any) -> None:
+    manifest = json.loads((package / "avatar.json").read_text())
+    (package / "avatar.json").write_text(json.dumps({**manifest, **fields}))
 
 
 def speech(seconds: float) -> np.ndarray:
@@ -226,7 +232,8 @@ async def test_a_switch_during_speech_changes_the_picture_and_keeps_the_speech(
             try:
                 listed = {a.id: a for a in await call.client.avatars()}
                 assert {"demo", "small", "fast"} <= set(listed)
-                assert listed["demo"].clips, listed["demo"]
+                assert "idle" in listed["demo"].clips, listed["demo"]
+                assert set(listed["small"].clips) == {"idle", "thinking"}, listed["small"]
                 await until(lambda: got.last_index() >= FPS, "the first second of video")
 
                 pcm = speech(4.0)
@@ -294,25 +301,20 @@ async def test_idle_clips_and_what_an_interrupted_utterance_played(
     write_avatars(tmp_path / "avatars")
     async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
         url = f"http://127.0.0.1:{server.port}"
-        async with await lc.connect(url, "demo", receive_audio=False) as call:
+        async with await lc.connect(url, "small", receive_audio=False) as call:
             got = Received(call)
             try:
                 state = await call.state()
-                clips, current = state["clips"], state["idle_clip"]
-                assert current in clips
-                other = next((c for c in clips if c != current), current)
-                chosen = await call.set_idle_clip(other)
-                assert (chosen.clip, chosen.previous, chosen.clips) == (
-                    other,
-                    current,
-                    tuple(clips),
+                clips = state["clips"]
+                assert (set(clips), state["idle_clip"]) == ({"idle", "thinking"}, "idle")
+                chosen = await call.set_idle_clip("thinking")
+                assert chosen == lc.IdleClipSet(call.session_id, "thinking", "idle", tuple(clips))
+                clip_event = await until(
+                    lambda: got.event("idle_clip_changed", clip="thinking"), "idle_clip_changed"
                 )
-                if other != current:
-                    clip_event = await until(
-                        lambda: got.event("idle_clip_changed", clip=other), "idle_clip_changed"
-                    )
-                    assert clip_event["previous"] == current
-                assert (await call.state())["idle_clip"] == other
+                assert clip_event["previous"] == "idle"
+                assert isinstance(clip_event["media_ms"], float | int)
+                assert (await call.state())["idle_clip"] == "thinking"
                 with pytest.raises(lc.NotFound) as unknown:
                     await call.set_idle_clip("no-such-clip")
                 assert unknown.value.code == "clip_not_found"
@@ -373,6 +375,7 @@ async def test_switches_and_clips_over_the_audio_stream_and_server_sent_events(
                 assert refused["code"] == "clip_not_found"
                 with pytest.raises(lc.NotFound):
                     await stream.end()
+                await stream.set_idle_clip("idle")  # the demo avatar's one clip
 
                 await stream.switch_avatar("small")
                 changed = await anext(

@@ -18,6 +18,7 @@ mid-call, seen in the frames' size from the frame the server named.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import warnings
@@ -412,7 +413,10 @@ async def test_a_pipeline_switches_the_avatar_and_its_idle_clip_mid_call(
     if PIPECAT_MISSING:
         pytest.fail(PIPECAT_MISSING)
     small = (640, 360)
-    write_demo_avatar(tmp_path / "avatars" / "small", count=30, size=small, seed=5)
+    package = write_demo_avatar(tmp_path / "avatars" / "small", count=30, size=small, seed=5)
+    manifest = json.loads((package / "avatar.json").read_text())
+    manifest["clips"] = {"idle": [0, 15], "thinking": [15, 30]}
+    (package / "avatar.json").write_text(json.dumps(manifest))
     hello = spoken(tmp_path, "hello", "hello there, let me hand you over to my colleague")
     async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
         url = f"http://127.0.0.1:{server.port}"
@@ -463,9 +467,10 @@ async def test_a_pipeline_switches_the_avatar_and_its_idle_clip_mid_call(
                 await avatar.switch_avatar("nobody")
             assert avatar.avatar == "small"
             assert avatar.call is not None
-            state = await avatar.call.state()
-            chosen = await avatar.set_idle_clip(state["clips"][-1])
-            assert chosen.clip == state["clips"][-1]
+            chosen = await avatar.set_idle_clip("thinking")
+            assert (chosen.clip, chosen.previous) == ("thinking", "idle")
+            clip_changed = await until(lambda: event("idle_clip_changed"), "on_idle_clip_changed")
+            assert clip_changed["clip"] == "thinking"
             with pytest.raises(lc.NotFound):
                 await avatar.set_idle_clip("no-such-clip")
             shown = got.video[-1].index
