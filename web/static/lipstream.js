@@ -405,6 +405,7 @@ export class Call extends EventTarget {
   async switchAvatar(avatar, { transport = "http" } = {}) {
     if (transport === "datachannel") return this._sendOnChannel({ type: "switch_avatar", avatar });
     const answer = await this._request("POST", "avatar", { json: { avatar } });
+    if (answer?.avatar) this.avatar = answer.avatar;
     return { ...answer, via: "http" };
   }
 
