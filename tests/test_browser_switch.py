@@ -184,3 +184,60 @@ async def test_the_demo_page_switches_avatar_and_idle_clip_during_a_call(
         assert (await hung_up.value).status == 200
         await expect(picker).to_be_enabled()
         await expect(clips).to_be_disabled()
+
+
+# lipstream.js imported into the demo page's origin, driving a call of its own.
+CLIENT_SWITCHES = """async () => {
+  const lipstream = await import("/static/lipstream.js");
+  const call = await lipstream.connect({ avatar: "demo" });
+  const events = [];
+  call.addEventListener("event", (e) => events.push(e.detail));
+  const next = (type) => new Promise((resolve) => {
+    const seen = events.find((e) => e.type === type);
+    if (seen) return resolve(seen);
+    call.addEventListener(type, (e) => resolve(e.detail), { once: true });
+  });
+  const refusal = (promise) => promise.then(
+    () => null,
+    (err) => ({
+      lipstream: err instanceof lipstream.LipstreamError, status: err.status, code: err.code,
+    }));
+  const unknown = await refusal(call.switchAvatar("nobody"));
+  const unknownClip = await refusal(call.setIdleClip("no-such-clip"));
+  const sent = await call.switchAvatar("negative", { transport: "datachannel" });
+  const changed = await next("avatar_changed");
+  const avatar = call.avatar;
+  call.setIdleClip("no-such-clip", { transport: "datachannel" });
+  const error = await next("error");
+  const clip = await call.setIdleClip("listening");
+  const clipChanged = await next("idle_clip_changed");
+  const idleClip = call.idleClip;
+  await call.hangUp();
+  return { unknown, unknownClip, sent, changed, avatar, error, clip, clipChanged, idleClip };
+}"""
+
+
+async def test_lipstream_js_switches_over_http_and_the_data_channel(
+    tmp_path: Path, server: TestServer
+) -> None:
+    async with browser_page(tmp_path, str(server.make_url("/"))) as page:
+        got = await page.evaluate(CLIENT_SWITCHES)
+    assert got["unknown"] == {"lipstream": True, "status": 404, "code": "model_not_found"}
+    assert got["unknownClip"] == {"lipstream": True, "status": 404, "code": "clip_not_found"}
+    assert got["sent"] == {"via": "datachannel"}
+    changed = got["changed"]
+    assert (changed["avatar"], changed["previous"], changed["frame_size"]) == (
+        "negative",
+        "demo",
+        list(SMALL),
+    )
+    assert got["avatar"] == "negative"
+    assert got["error"]["code"] == "clip_not_found"
+    assert "listening" in got["error"]["message"]
+    assert (got["clip"]["clip"], got["clip"]["previous"], got["clip"]["via"]) == (
+        "listening",
+        "idle",
+        "http",
+    )
+    assert got["clipChanged"]["clip"] == "listening"
+    assert got["idleClip"] == "listening"
