@@ -335,6 +335,7 @@ class VideoSettings(_Section):
     idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True
     idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25), min_length=1)
+    switch_fade_s: float = Field(default=0.32, ge=0, le=2)
 
     @field_validator("idle_bitrate_rungs")
     @classmethod

@@ -6,7 +6,10 @@ Hierarchy::
     ├── OfferError              the SDP offer is malformed or cannot be answered (400)
     ├── SessionNotFoundError    no live session with that id (404)
     ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
-    └── StreamBusyError         the session already has an audio stream open (409)
+    ├── StreamBusyError         the session already has an audio stream open (409)
+    ├── AvatarSwitchBusyError   the call is switching avatar already (409)
+    ├── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
+    └── ClipNotFoundError       the call's avatar has no idle clip of that name (404)
 """
 
 from __future__ import annotations
@@ -30,3 +33,15 @@ class SessionLimitError(StreamingError):
 
 class StreamBusyError(StreamingError):
     """A session takes one audio stream at a time."""
+
+
+class AvatarSwitchBusyError(StreamingError):
+    """A call switches avatar once at a time."""
+
+
+class AvatarIncompatibleError(StreamingError):
+    """A call keeps its fps and audio features; this avatar has others."""
+
+
+class ClipNotFoundError(StreamingError):
+    """The call's avatar has no idle clip of that name (the message lists its clips)."""

@@ -379,6 +379,22 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
             check("GET", "/sessions/{session_id}/events", 200, path=f"{session}/events")
         )
         await until(lambda: _listeners(check, sid) == 1, "the events stream to open")
+        same = await check(
+            "POST",
+            "/sessions/{session_id}/avatar",
+            200,
+            path=f"{session}/avatar",
+            json={"avatar": "alice"},
+        )
+        assert same.json()["changed"] is False
+        clip = await check(
+            "POST", "/sessions/{session_id}/idle", 200, path=f"{session}/idle", json={"clip": "idle"}
+        )
+        assert clip.json()["clips"] == ["idle"]
+        unknown = await check(
+            "POST", "/sessions/{session_id}/idle", 404, path=f"{session}/idle", json={"clip": "x"}
+        )
+        assert unknown.json()["error"]["code"] == "clip_not_found"
         closed = await check("DELETE", "/sessions/{session_id}", 200, path=session)
         assert closed.json() == {"session_id": sid, "state": "closed"}
         ended = (await events).body.decode()
@@ -392,6 +408,8 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
         ("POST", "/sessions/{session_id}/say", "/say"),
         ("POST", "/sessions/{session_id}/audio", "/audio"),
         ("POST", "/sessions/{session_id}/interrupt", "/interrupt"),
+        ("POST", "/sessions/{session_id}/avatar", "/avatar"),
+        ("POST", "/sessions/{session_id}/idle", "/idle"),
         ("GET", "/sessions/{session_id}/events", "/events"),
         ("GET", "/sessions/{session_id}/audio/stream", "/audio/stream?format=s16le&rate=16000"),
     ):

@@ -18,6 +18,7 @@ from inference_core.avatars.package import AvatarPackage
 from inference_core.exceptions import DeadlineExceededError, QueueFullError
 from inference_core.features.stream import FrameAudio
 from streaming.frame_pipeline import FramePipeline
+from streaming.live.avatar import CallAvatar
 from streaming.live.renderer import COMPOSE_S, MAX_FRAMES_IN_FLIGHT, FrameRenderer
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
@@ -139,8 +140,7 @@ def rig(package: AvatarPackage) -> Rig:
     failures: list[tuple[str, BaseException]] = []
     renderer = FrameRenderer(
         "session-1",
-        model,  # type: ignore[arg-type]
-        FramePipeline(package, frames),
+        CallAvatar(model, frames, FramePipeline(package, frames), None, None),  # type: ignore[arg-type]
         InlineExecutor(),
         schedule,
         buffers,
@@ -181,7 +181,7 @@ async def test_a_frame_past_its_deadline_costs_no_crop_and_counts_late(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crops: list[FrameStep] = []
-    pipeline = rig.renderer._pipeline
+    pipeline = rig.renderer.avatar.pipeline
     monkeypatch.setattr(pipeline, "prepare", crops.append)
     send_at = START + DELAY_S + 10 / FPS
     rig.clock.now = send_at - COMPOSE_S + 0.001  # its features came after its deadline

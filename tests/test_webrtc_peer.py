@@ -115,7 +115,7 @@ async def _answer(
         audio=lambda index: stamped(SILENCE, index),
         caller_audio=heard.append,
     )
-    events = events or EventChannel(listen=_no_events, answer=lambda message: None)
+    events = events or EventChannel(listen=_no_events, answer=lambda message, reply: None)
     return await Peer.answer(
         "session-under-test",
         sdp,
@@ -224,7 +224,7 @@ async def test_an_offer_aiortc_cannot_answer_is_an_offer_error() -> None:
 
 async def test_a_caller_gets_at_most_max_event_channels_served(loopback: None) -> None:
     hub = SessionEvents("session-under-test")
-    events = EventChannel(listen=hub.listen, answer=lambda message: None)
+    events = EventChannel(listen=hub.listen, answer=lambda message, reply: None)
     channels: list[RTCDataChannel] = []
     async with _call(audio=False, events=events, channels=channels) as rig:
         await until(lambda: channels[0].readyState == "open", "the first channel to open")

@@ -29,6 +29,8 @@ from web.inference.door import InferenceDoor
 from web.inference.rest import add_inference_protocol_routes
 from web.metrics import add_metrics_routes
 from web.openapi import add_openapi_routes
+from web.session_controls import add_routes as add_control_routes
+from web.session_controls import message_control
 from web.session_streams import add_stream_routes
 from web.signalling import add_routes
 
@@ -54,6 +56,7 @@ def build_app(
     async def sessions(app: web.Application) -> AsyncIterator[None]:
         await report_missing_internals()
         app[SESSIONS] = SessionManager(settings, app[CORE], session_id_prefix=session_id_prefix)
+        app[SESSIONS].control = message_control(app)
         yield
         await app[SESSIONS].close_all()
 
@@ -67,6 +70,7 @@ def build_app(
     add_inference_protocol_routes(app)
     add_routes(app)
     add_stream_routes(app)
+    add_control_routes(app)
     add_admin_routes(app)
     add_metrics_routes(app)
     add_openapi_routes(app)

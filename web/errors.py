@@ -44,6 +44,9 @@ from streaming.audio_in.exceptions import (
     TtsUnavailableError,
 )
 from streaming.exceptions import (
+    AvatarIncompatibleError,
+    AvatarSwitchBusyError,
+    ClipNotFoundError,
     OfferError,
     SessionLimitError,
     SessionNotFoundError,
@@ -72,6 +75,9 @@ _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (SessionNotFoundError, 404, "session_not_found", None),
     (SessionLimitError, 503, "too_many_sessions", 5),
     (StreamBusyError, 409, "stream_busy", None),
+    (AvatarSwitchBusyError, 409, "avatar_switch_busy", None),
+    (AvatarIncompatibleError, 409, "avatar_incompatible", None),
+    (ClipNotFoundError, 404, "clip_not_found", None),
     (StreamingError, 500, "streaming_failed", None),
     (AudioTooLargeError, 413, "audio_too_large", None),
     (AudioQueueFullError, 429, "audio_queue_full", 2),

@@ -91,6 +91,10 @@ _CODES: dict[str, str] = {
     "bad_frame": "an audio stream message is not whole samples, over 1 s, or not finite",
     "websocket_required": "the request is not a WebSocket upgrade",
     "stream_busy": "the session already has an audio stream open",
+    "avatar_incompatible": "the avatar runs at another fps or takes other audio features than "
+    "the call's: start a new call for it",
+    "avatar_switch_busy": "the call is switching avatar already (loading or dissolving)",
+    "clip_not_found": "the call's avatar has no idle clip of that name (the message lists them)",
     "internal_error": "an unexpected failure; see the server log",
     "streaming_failed": "the session could not be set up",
     "model_invalid": "the avatar package is malformed",

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -30,6 +31,7 @@ from streaming.live.session import Session
 from streaming.live.stream_in import AudioStreamIn
 from web.app_keys import SESSIONS, SETTINGS
 from web.errors import RequestError
+from web.session_controls import CHANGES, change
 from web.session_tokens import require_token
 
 logger = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ async def audio_stream(request: web.Request) -> web.WebSocketResponse:
             _send_events(ws, listener, request), name=f"ws-events-{session.session_id[:8]}"
         )
         try:
-            await _receive(ws, stream, session)
+            await _receive(ws, stream, session, request.app)
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
@@ -109,7 +111,9 @@ async def _close_lagging(ws: web.WebSocketResponse, request: web.Request) -> Non
             request.transport.abort()
 
 
-async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session) -> None:
+async def _receive(
+    ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session, app: web.Application
+) -> None:
     """Take the client's messages until it closes (or the sender closes the socket)."""
     async for message in ws:
         if message.type == WSMsgType.BINARY:
@@ -127,7 +131,7 @@ async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Se
                     queued_ms=round(session.queued_audio_s * 1000, 1),
                 )
         elif message.type == WSMsgType.TEXT:
-            await _control(ws, stream, session, message.data)
+            await _control(ws, stream, session, message.data, app)
         elif message.type == WSMsgType.ERROR:
             logger.info(
                 "audio stream failed: session=%s error=%r", session.session_id, ws.exception()
@@ -136,19 +140,31 @@ async def _receive(ws: web.WebSocketResponse, stream: AudioStreamIn, session: Se
 
 
 async def _control(
-    ws: web.WebSocketResponse, stream: AudioStreamIn, session: Session, text: str
+    ws: web.WebSocketResponse,
+    stream: AudioStreamIn,
+    session: Session,
+    text: str,
+    app: web.Application,
 ) -> None:
     kind = message_type(text)
     if kind == "end":
         stream.end()
     elif kind == "interrupt":
         session.interrupt()
+    elif kind in CHANGES:
+
+        async def send(event: dict[str, Any]) -> None:
+            if not ws.closed:
+                await asyncio.wait_for(ws.send_json(event), SEND_TIMEOUT_S)
+
+        session.run_control(change(app, session, text, send))
     else:
         await _send_error(
             ws,
             "bad_message",
-            'text messages are JSON objects: {"type": "end"} or {"type": "interrupt"}; '
-            "audio goes in binary messages",
+            'text messages are JSON objects: {"type": "end"}, {"type": "interrupt"}, '
+            '{"type": "switch_avatar", "avatar": "..."} or {"type": "set_idle_clip", '
+            '"clip": "..."}; audio goes in binary messages',
         )
 
 

@@ -183,6 +183,14 @@ class AudioFeatureStream:
         """Frames a finished stream of ``n`` samples yields: ``ceil(n · fps / 16000)``."""
         return -(-n * self._timing.fps // self._timing.cfg.sample_rate)
 
+    def use_encoder(self, encoder: AudioEncoder | None) -> None:
+        """Encode windows with ``encoder`` from now on (a call switched to an avatar with
+        its own audio encoder). Rows already encoded stay: the frames about to be made
+        mix the two encoders' rows for a window's length, during the switch's dissolve."""
+        if self._kind == "ave" and encoder is None:
+            raise ValueError("kind 'ave' needs an AudioEncoder; only kind 'mel' works without")
+        self._encoder = encoder
+
     def reset(self) -> None:
         """Drop all audio and pending frames; the next push starts at frame 0."""
         n_mels = self._timing.cfg.n_mels

@@ -17,14 +17,16 @@ from dataclasses import dataclass, field
 
 from compositor.background_cache import AvatarFrames, BackgroundCache
 from config.settings import Settings
+from inference_core.exceptions import ShuttingDownError
 from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
-from streaming.exceptions import SessionLimitError, SessionNotFoundError
+from streaming.exceptions import AvatarIncompatibleError, SessionLimitError, SessionNotFoundError
 from streaming.idle_loops import IdleLoopCache
 from streaming.live.admission import AdmissionControl, usable_cpus
+from streaming.live.avatar import AvatarSwitched, CallAvatar, call_avatar, incompatibility
 from streaming.live.cpu_meter import CpuMeter
-from streaming.live.pipeline import CallResources
+from streaming.live.pipeline import CallResources, Control
 from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import SessionsSnapshot, SessionTotals
@@ -78,6 +80,8 @@ class SessionManager:
         self.core = core
         self.on_frame_ready = on_frame_ready
         self.on_frame_sent = on_frame_sent
+        #: What a control message from a caller's data channel does (the web layer's).
+        self.control: Control | None = None
         self.cache = BackgroundCache(settings.cache.background_cache_bytes)
         self.encoders = EncoderFactory(settings.video)
         self.idle_loops = IdleLoopCache(settings.cache.idle_loop_bytes)
@@ -197,8 +201,7 @@ class SessionManager:
         self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None
     ) -> Session:
         package = model.package
-        audio_encoder = await self._audio_encoder(package.avatar_id, model)
-        frames = AvatarFrames(package.avatar_id, package.frame_paths, self.cache)
+        avatar = await self._call_avatar(model)
         shared = CallResources(
             self.settings,
             self.executor,
@@ -206,14 +209,13 @@ class SessionManager:
             self.on_frame_ready,
             self.on_frame_sent,
             self.idle_loops,
+            self.control,
         )
         session = await Session.open(
             self.session_id_prefix + secrets.token_urlsafe(16),
             sdp,
             offer,
-            model,
-            frames,
-            audio_encoder,
+            avatar,
             shared,
             remote=remote,
             on_closed=self._forget,
@@ -230,6 +232,47 @@ class SessionManager:
             session.peer.video_codec,
         )
         return session
+
+    async def switch_avatar(self, session: Session, avatar_id: str) -> AvatarSwitched | None:
+        """Show ``avatar_id`` in ``session`` from its next frame decided, with a dissolve
+        (``docs/architecture.md`` §18); None when it shows that avatar already. The new
+        model loads while the call shows the old one; admission counts the call on the new
+        model (the old one is released after the dissolve). Whatever fails leaves the call
+        as it was: ``ShuttingDownError`` while the server stops, avatar and load errors,
+        ``SessionLimitError`` / ``CapacityError`` when the new model does not fit,
+        ``AvatarIncompatibleError``, ``AvatarSwitchBusyError``."""
+        if self._closing:
+            raise ShuttingDownError("the server is shutting down; the call keeps its avatar")
+        if session.avatar_id == avatar_id:
+            return None
+        with session.switch_slot():
+            others = [s for s in self.sessions if s is not session]
+            reservation = self.admission.reserve(avatar_id, others)
+            try:
+                model = await self.core.open(avatar_id)
+                try:
+                    reservation.confirm(model, others)
+                    reason = incompatibility(session.pipeline.avatar.package, model.package)
+                    if reason is not None:
+                        raise AvatarIncompatibleError(reason)
+                    avatar = await self._call_avatar(model)
+                    return await session.switch_avatar(avatar, self.executor)
+                except BaseException:
+                    model.close()
+                    raise
+            finally:
+                reservation.release()
+
+    async def _call_avatar(self, model: ModelHandle) -> CallAvatar:
+        package = model.package
+        return call_avatar(
+            model,
+            AvatarFrames(package.avatar_id, package.frame_paths, self.cache),
+            await self._audio_encoder(package.avatar_id, model),
+            settings=self.settings,
+            encoders=self.encoders,
+            idle_loops=self.idle_loops,
+        )
 
     async def _audio_encoder(self, avatar_id: str, model: ModelHandle) -> AudioEncoder | None:
         cache = self._audio_encoders

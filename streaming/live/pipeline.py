@@ -18,6 +18,7 @@ thread hand-off of its own (``docs/architecture.md`` §1, §7).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
@@ -26,16 +27,15 @@ from typing import Any
 import av
 import numpy as np
 
-from compositor.background_cache import AvatarFrames
 from compositor.sequencer import FrameSequencer, FrameStep
 from config.settings import AudioSettings, Settings
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import AudioFeatureStream, FrameAudio
-from inference_core.serving.handle import ModelHandle
-from streaming.frame_pipeline import FramePipeline
-from streaming.idle_loops import IdleLoopCache, LoopKey
-from streaming.live.idle_sharing import IdleSharing, rung_keys
+from streaming.exceptions import ClipNotFoundError
+from streaming.idle_loops import IdleLoopCache
+from streaming.live.avatar import CallAvatar
+from streaming.live.idle_sharing import IdleSharing
 from streaming.live.mixer import AudioMixer
 from streaming.live.renderer import FrameRenderer, Started
 from streaming.live.reporting import (
@@ -48,7 +48,7 @@ from streaming.live.reporting import (
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.snapshot import BufferedMedia
 from streaming.live.speech import SpeechEvents
-from streaming.live.timeline import AudioTimeline
+from streaming.live.timeline import AudioTimeline, AvatarSwitch
 from streaming.live.workers import Offload
 from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.peer import PeerMedia
@@ -57,14 +57,22 @@ from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 logger = logging.getLogger(__name__)
 
 OnFailure = Callable[[str, BaseException], None]
+#: Seconds a switch may wait for the timeline to apply it (a job runs every 20 ms).
+SWITCH_APPLY_S = 5.0
+#: Sends one message back to the client that sent a control message.
+Reply = Callable[[dict[str, Any]], None]
+#: The server's handling of a client's control message to a call: ``(session, message,
+#: reply)`` (``web/session_controls.py``; the session is typed loosely, it owns this module).
+Control = Callable[[Any, object, Reply], None]
 
 
 @dataclass(frozen=True)
 class CallResources:
     """What the calls of one server share (the :class:`~streaming.live.manager.SessionManager`
     holds them): settings, the compositing threads, the H.264 encoder factory, the
-    observers of every lip-synced frame (``/metrics``) and the encoded idle loops (None:
-    every call encodes its own idle frames)."""
+    observers of every lip-synced frame (``/metrics``), the encoded idle loops (None:
+    every call encodes its own idle frames) and what a control message from a caller's
+    data channel does (None: only ``interrupt`` is taken)."""
 
     settings: Settings
     executor: Offload
@@ -72,6 +80,7 @@ class CallResources:
     on_frame_ready: Callable[[FrameStages], None] | None = None
     on_frame_sent: Callable[[FrameSending], None] | None = None
     idle_loops: IdleLoopCache | None = None
+    control: Control | None = None
 
 
 class LivePipeline:
@@ -85,16 +94,14 @@ class LivePipeline:
     def __init__(
         self,
         session_id: str,
-        model: ModelHandle,
-        frames: AvatarFrames,
-        audio_encoder: AudioEncoder | None,
+        avatar: CallAvatar,
         shared: CallResources,
         *,
         speech: SpeechEvents,
         on_voice: Callable[[], None],
         on_failure: OnFailure,
     ) -> None:
-        package, settings = model.package, shared.settings
+        package, settings = avatar.package, shared.settings
         self._session_id = session_id
         self.stats = SessionStats()  # what the render path counts
         self.fps = package.manifest.fps
@@ -108,11 +115,9 @@ class LivePipeline:
             on_played=speech.played,
         )
         self.buffers = SendBuffers(self.clock.delay_s, self.fps)
-        self.sharing = _idle_sharing(shared, package, frames)
         self.renderer = FrameRenderer(
             session_id,
-            model,
-            FramePipeline(package, frames),
+            avatar,
             shared.executor,
             self.clock,
             self.buffers,
@@ -122,11 +127,10 @@ class LivePipeline:
             on_failure=on_failure,
             on_frame_ready=shared.on_frame_ready,
             on_frame_sent=shared.on_frame_sent,
-            sharing=self.sharing,
         )
         self.timeline = _timeline(
             self.mixer,
-            audio_encoder,
+            avatar.audio_encoder,
             settings.audio,
             package,
             self.budget,
@@ -136,17 +140,29 @@ class LivePipeline:
         self._speech = speech
         self._on_voice = on_voice
         self._frame_size = package.manifest.frame_size
+        self._fade_frames = max(0, round(settings.video.switch_fade_s * self.fps))
+        self._switched: _Switched | None = None  # a switch applied, until its dissolve is sent
         #: Called with ``n`` once video frame ``n`` is handed to aiortc (benchmarks time it).
         self.sent_listeners: list[Callable[[int], None]] = []
 
     def media(self) -> PeerMedia:
-        """What the peer's tracks send, and where the caller's audio goes (the mixer)."""
+        """What the peer's tracks send, and where the caller's audio goes (the mixer).
+
+        Each audio slot taken tells the utterance ledger which samples went to the caller
+        (``played_ms``, ``docs/architecture.md`` §15)."""
+        buffers, ledger, speech = self.buffers, self.mixer.utterances, self._speech
+
+        def audio(index: int) -> av.Packet[Any]:
+            ledger.chunk_sent(index, buffers.holds_chunk(index))
+            speech.audio_sent(index)
+            return buffers.take_chunk(index)
+
         return PeerMedia(
             clock=self.clock,
             fps=self.fps,
             frame_size=self._frame_size,
             video=self,
-            audio=self.buffers.take_chunk,
+            audio=audio,
             caller_audio=self.mixer.feed_inbound,
         )
 
@@ -167,12 +183,14 @@ class LivePipeline:
 
     def interrupt(self) -> tuple[float, list[int]]:
         """Drop queued audio and frames: the avatar is idle from the next frame on, and
-        ``interrupted`` tells which utterances were cut. Returns the seconds of queued
-        audio dropped and those utterances."""
-        dropped, cut = self.timeline.interrupt()
+        ``interrupted`` tells which utterances were cut, after each one's ``speech_ended``.
+        Returns the seconds of queued audio dropped and those utterances."""
+        cut = self.mixer.utterances.unended()  # before the timeline drops them
+        dropped, _ = self.timeline.interrupt()
         self.renderer.cancel()
         self.buffers.interrupt()  # what the caller has not seen or heard yet
-        utterances = self._speech.interrupted(cut, dropped)
+        played = self._speech.interrupted(cut, dropped)
+        utterances = [p["utterance"] for p in played]
         logger.info(
             "session interrupted: session=%s dropped_audio_s=%.2f utterances=%s",
             self._session_id,
@@ -180,6 +198,69 @@ class LivePipeline:
             utterances,
         )
         return dropped, utterances
+
+    @property
+    def sharing(self) -> IdleSharing | None:
+        """The current avatar's choice of shared idle loop (None: the call encodes)."""
+        return self.renderer.sharing
+
+    @property
+    def avatar(self) -> CallAvatar:
+        """The avatar of the frames being decided now."""
+        return self.renderer.avatar
+
+    @property
+    def clips(self) -> list[str]:
+        """The idle clips of the current avatar."""
+        return ["idle"]
+
+    def set_idle_clip(self, clip: str) -> str:
+        """Play ``clip`` while silent, from a seam; returns the clip it replaces."""
+        if clip not in self.clips:
+            raise ClipNotFoundError(
+                f"avatar {self.avatar.avatar_id!r} has no idle clip {clip!r}; its clips: "
+                + ", ".join(self.clips)
+            )
+        return clip
+
+    @property
+    def dissolving(self) -> bool:
+        """Whether a switch was applied and its dissolve is not all sent yet."""
+        return self._switched is not None
+
+    async def switch_avatar(
+        self,
+        avatar: CallAvatar,
+        *,
+        on_shown: Callable[[int], None],
+        on_retired: Callable[[CallAvatar, int], None],
+        timeout_s: float = SWITCH_APPLY_S,
+    ) -> int:
+        """Show ``avatar`` from the next frame the speech gate decides, dissolving from
+        the current one over ``video.switch_fade_s`` (``docs/architecture.md`` §18).
+        Returns that frame's index once the timeline applied the switch; then
+        ``on_shown(first)`` is called when that frame is sent, and ``on_retired(outgoing,
+        first)`` when the dissolve's last frame is. Raises ``TimeoutError`` if no job
+        applied it within ``timeout_s`` (the call stalled or ended): nothing changed."""
+        if self._switched is not None:
+            raise RuntimeError("a switch is still dissolving; switch once it is over")
+        loop = asyncio.get_running_loop()
+        applied: asyncio.Future[int] = loop.create_future()
+
+        def apply(first: int) -> None:  # in a timeline job, before frame ``first``
+            self.renderer.switch(first, avatar, self._fade_frames)
+            loop.call_soon_threadsafe(_settle, applied, first)
+
+        switch = AvatarSwitch(avatar.package.frame_count, avatar.audio_encoder, apply)
+        self.timeline.switch(switch)
+        try:
+            first = await asyncio.wait_for(asyncio.shield(applied), timeout_s)
+        except TimeoutError:
+            if self.timeline.cancel_switch(switch):
+                raise
+            first = await applied  # applied in the meantime: it stands
+        self._switched = _Switched(first, first + self._fade_frames, on_shown, on_retired)
+        return first
 
     @property
     def in_flight(self) -> Collection[Any]:
@@ -205,34 +286,38 @@ class LivePipeline:
 
     def sent(self, index: int) -> None:
         self._speech.frame_sent(index)
+        if self._switched is not None:
+            self._switch_progress(index)
         for listener in self.sent_listeners:
             listener(index)
 
+    def _switch_progress(self, index: int) -> None:
+        switched = self._switched
+        assert switched is not None
+        if not switched.shown and index >= switched.first:
+            switched.shown = True
+            switched.on_shown(switched.first)
+        if index >= switched.last:
+            self._switched = None
+            outgoing = self.renderer.retire()
+            if outgoing is not None:
+                switched.on_retired(outgoing, switched.first)
 
-def _idle_sharing(
-    shared: CallResources, package: AvatarPackage, frames: AvatarFrames
-) -> IdleSharing | None:
-    """The call's choice of shared idle frames, when ``video.shared_idle`` is on and the
-    server keeps idle loops (``docs/architecture.md`` §16)."""
-    video = shared.settings.video
-    if not video.shared_idle or shared.idle_loops is None or shared.idle_loops.max_bytes == 0:
-        return None
-    fps = package.manifest.fps
-    width, height = package.manifest.frame_size
-    config = shared.encoders.config(width, height, fps)
-    base = LoopKey(
-        avatar_id=package.avatar_id,
-        source=frames.source,
-        config=config,
-        bitrate=config.bitrate,
-        keyframe_every=max(1, round(video.idle_keyframe_interval_s * fps)),
-        preset=video.idle_preset,
-        frame_count=package.frame_count,
-        constant_quality=video.idle_constant_quality,
-    )
-    return IdleSharing(
-        shared.idle_loops, rung_keys(base, video.idle_bitrate_rungs), frames.get, fps
-    )
+
+@dataclass
+class _Switched:
+    """A switch applied: its first frame, the frame after its dissolve, who to tell."""
+
+    first: int
+    last: int
+    on_shown: Callable[[int], None]
+    on_retired: Callable[[CallAvatar, int], None]
+    shown: bool = False
+
+
+def _settle(future: asyncio.Future[int], value: int) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _timeline(

@@ -35,11 +35,13 @@ from typing import Any
 import av
 import numpy as np
 
+from compositor.crossfade import crossfade, fade_weight
 from compositor.sequencer import FrameStep, bounce_index
+from compositor.yuv import Frame
 from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
-from inference_core.serving.handle import ModelHandle
-from streaming.frame_pipeline import FramePipeline, PreparedFrame
+from streaming.frame_pipeline import PreparedFrame
+from streaming.live.avatar import CallAvatar
 from streaming.live.idle_sharing import IdleSharing
 from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
@@ -89,8 +91,7 @@ class FrameRenderer:
     def __init__(
         self,
         session_id: str,
-        model: ModelHandle,
-        pipeline: FramePipeline,
+        avatar: CallAvatar,
         executor: Offload,
         schedule: SessionClock,
         buffers: SendBuffers,
@@ -101,12 +102,14 @@ class FrameRenderer:
         on_failure: Callable[[str, BaseException], None],
         on_frame_ready: Callable[[FrameStages], None] | None = None,
         on_frame_sent: Callable[[FrameSending], None] | None = None,
-        sharing: IdleSharing | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session_id = session_id
-        self._model = model
-        self._pipeline = pipeline
+        # The avatars by first frame shown, oldest first: the call's one, or during a
+        # switch the outgoing and the incoming one (``switch``); swapped whole, since a
+        # timeline job adds one while the loop reads them.
+        self._avatars: tuple[tuple[int, CallAvatar], ...] = ((0, avatar),)
+        self._fade: tuple[int, int] = (0, 0)  # the last switch: first frame, dissolve frames
         self._executor = executor
         self._schedule = schedule
         self._buffers = buffers
@@ -116,7 +119,6 @@ class FrameRenderer:
         self._on_failure = on_failure
         self._on_frame_ready = on_frame_ready
         self._on_frame_sent = on_frame_sent
-        self._sharing = sharing
         self._ready_at: dict[int, float] = {}  # frames kept for their slot: when ready
         self._clock = clock
         self._pending: dict[int, asyncio.Task[None]] = {}
@@ -139,6 +141,50 @@ class FrameRenderer:
             return list(self._pending.values())
         return [*self._pending.values(), ahead.packet]
 
+    @property
+    def avatar(self) -> CallAvatar:
+        """The avatar of the frames being decided now (the incoming one during a switch)."""
+        return self._avatars[-1][1]
+
+    @property
+    def sharing(self) -> IdleSharing | None:
+        """The current avatar's choice of shared idle loop (None: the call encodes)."""
+        return self.avatar.sharing
+
+    def switch(self, first: int, avatar: CallAvatar, fade_frames: int) -> None:
+        """Frames from ``first`` on show ``avatar``, dissolving from the current one over
+        ``fade_frames`` frames (``docs/architecture.md`` §18). Called by the timeline's job
+        before it decides frame ``first``; the outgoing avatar stays for the frames before
+        it and the dissolve, until :meth:`retire`."""
+        self._avatars = (self._avatars[-1], (first, avatar))
+        self._fade = (first, fade_frames)
+
+    def retire(self) -> CallAvatar | None:
+        """Forget the outgoing avatar once the dissolve was sent; returns it (None if
+        there is none). Its frames still in flight keep their avatar until they end."""
+        if len(self._avatars) < 2:
+            return None
+        outgoing = self._avatars[0][1]
+        self._avatars = self._avatars[-1:]
+        return outgoing
+
+    def in_flight_before(self, index: int) -> list[asyncio.Task[None]]:
+        """Render tasks of frames before ``index`` not finished yet."""
+        return [task for i, task in self._pending.items() if i < index]
+
+    def _avatar(self, index: int) -> CallAvatar:
+        avatars = self._avatars
+        for first, avatar in reversed(avatars):
+            if index >= first:
+                return avatar
+        return avatars[0][1]
+
+    def _mixing(self, index: int) -> bool:
+        """Whether frame ``index`` mixes two avatars (the switch frame counts even
+        without a dissolve: the stream changes pictures there)."""
+        first, frames = self._fade
+        return len(self._avatars) > 1 and first <= index < first + max(frames, 1)
+
     def decided_until(self, index: int) -> None:
         """The speech gate has decided every frame up to ``index`` (to infer, or idle)."""
         self._decided = max(self._decided, index)
@@ -151,7 +197,7 @@ class FrameRenderer:
         begun = self._clock()
         if begun > send_at - COMPOSE_S:
             return None
-        prepared = self._pipeline.prepare(step)
+        prepared = self._avatar(step.output_index).pipeline.prepare(step)
         return Started(prepared, self._clock() - begun)
 
     def submit(self, step: FrameStep, item: FrameAudio, started: Started | None) -> None:
@@ -191,14 +237,14 @@ class FrameRenderer:
         start = self._schedule.started()
         send_at = self._schedule.due(index / self._fps)
         audio_complete = start + index / self._fps + self._lookahead_s
-        pipeline = self._pipeline
+        avatar = self._avatar(index)
         prepared = started.prepared
         prepared_at = self._clock()
         # The crop ran at the end of the features job; the rest of the way here is the
         # features' stage (the job, its hand-back, this task's start).
         begun = prepared_at - started.prepare_s
         try:
-            future = self._model.submit(
+            future = avatar.model.submit(
                 prepared.visual,  # type: ignore[arg-type]
                 item.features,
                 deadline=send_at - COMPOSE_S,
@@ -206,7 +252,7 @@ class FrameRenderer:
             )
             face = await future
             inferred_at = self._clock()
-            frame = await self._executor.run(pipeline.compose, prepared, face)
+            frame = await self._executor.run(self._compose, avatar, prepared, face, index)
         except InferenceError as exc:
             self._drop_in_flight(index, type(exc).__name__)
             return
@@ -291,8 +337,14 @@ class FrameRenderer:
         """Frame ``index`` is the next to go out: an idle frame (``frame`` None) as the
         shared loop's packet when the call can share it, else its encode on the executor.
         Called once per frame sent, in order."""
-        sharing = self._sharing
-        if sharing is not None:
+        sharing = self._avatar(index).sharing
+        if self._mixing(index):
+            # A dissolve is the call's own picture: every avatar's loop is left (the
+            # outgoing one asks this encoder for an IDR) and the incoming one's waits.
+            for _, avatar in self._avatars:
+                if avatar.sharing is not None:
+                    avatar.sharing.live(index, encoder)
+        elif sharing is not None:
             if frame is not None:
                 sharing.live(index, encoder)
             elif (packet := sharing.idle(index, encoder)) is not None:
@@ -316,11 +368,29 @@ class FrameRenderer:
         return frame, ready_at
 
     def _idle_frame(self, index: int) -> np.ndarray:
-        pipeline = self._pipeline
-        return pipeline.frames.get(bounce_index(index, pipeline.package.frame_count))
+        return self._faded(index, _background(self._avatar(index), index))
+
+    def _compose(
+        self, avatar: CallAvatar, prepared: PreparedFrame, face: np.ndarray, index: int
+    ) -> Frame:
+        return self._faded(index, avatar.pipeline.compose(prepared, face))
+
+    def _faded(self, index: int, frame: Frame) -> Frame:
+        """``frame`` of the incoming avatar, mixed with the outgoing one's picture of the
+        same slot while a switch dissolves (off the loop)."""
+        if not self._mixing(index):
+            return frame
+        first, frames = self._fade
+        outgoing = _background(self._avatars[0][1], index)
+        return crossfade(outgoing, frame, fade_weight(index - first, frames))
 
     def _encode(
         self, encoder: LipstreamH264Encoder, frame: np.ndarray | None, index: int
     ) -> av.Packet[Any]:
         image = self._idle_frame(index) if frame is None else frame
         return encoder.encode_packet(video_frame(image, index, self._fps))
+
+
+def _background(avatar: CallAvatar, index: int) -> Frame:
+    """``avatar``'s background frame for output frame ``index`` (its idle picture)."""
+    return avatar.frames.get(bounce_index(index, avatar.package.frame_count))

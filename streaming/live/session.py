@@ -21,15 +21,18 @@ a bound (§7).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from compositor.background_cache import AvatarFrames
-from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.handle import ModelHandle
+from streaming.exceptions import AvatarSwitchBusyError, SessionNotFoundError
 from streaming.live.app_audio import AppAudio
-from streaming.live.events import SessionEvents, error_event, message_type
+from streaming.live.avatar import AvatarSwitched, CallAvatar, release_after
+from streaming.live.caller_messages import CallerMessages
+from streaming.live.events import SessionEvents
 from streaming.live.pipeline import CallResources, LivePipeline
 from streaming.live.reporting import DelayBudget, SessionReport, SessionStats
 from streaming.live.snapshot import SessionSnapshot
@@ -49,7 +52,7 @@ from streaming.webrtc.ice import ice_configuration
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.peer import Peer, PeerState
 
-__all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "CallResources", "Session"]
+__all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "AvatarSwitched", "CallResources", "Session"]
 
 #: Seconds a closing session gives its data channels to send ``session_ended``.
 FLUSH_EVENTS_S = 1.0
@@ -63,7 +66,6 @@ class Session:
     def __init__(
         self,
         session_id: str,
-        model: ModelHandle,
         pipeline: LivePipeline,
         peer: Peer,
         app_audio: AppAudio,
@@ -74,8 +76,6 @@ class Session:
         on_closed: Callable[[Session], None] | None = None,
     ) -> None:
         self.session_id = session_id
-        self.avatar_id = model.package.avatar_id
-        self.model = model
         self.pipeline = pipeline
         self.peer = peer
         self.app_audio = app_audio
@@ -83,6 +83,7 @@ class Session:
         self.report = report
         self._tasks = tasks
         self._on_closed = on_closed
+        self._switching = False  # a switch of avatar is loading or dissolving
         self._lifetime = asyncio.create_task(self._live(), name=f"session-{session_id[:8]}")
 
     @classmethod
@@ -91,9 +92,7 @@ class Session:
         session_id: str,
         sdp: str,
         offer: OfferInfo,
-        model: ModelHandle,
-        frames: AvatarFrames,
-        audio_encoder: AudioEncoder | None,
+        avatar: CallAvatar,
         shared: CallResources,
         *,
         remote: str | None = None,
@@ -105,13 +104,11 @@ class Session:
         settings = shared.settings
         tasks = StageTasks(session_id)
         events = SessionEvents(session_id, queue_size=settings.session.event_queue_size)
-        speech = SpeechEvents(events, model.package.manifest.fps)
+        speech = SpeechEvents(events, avatar.package.manifest.fps)
         activity = AudioActivity()
         pipeline = LivePipeline(
             session_id,
-            model,
-            frames,
-            audio_encoder,
+            avatar,
             shared,
             speech=speech,
             on_voice=activity.heard,
@@ -124,6 +121,7 @@ class Session:
             max_stream_buffer_s=settings.session.max_stream_buffer_s,
             on_audio=activity.heard,
         )
+        messages = CallerMessages(shared.control)
         try:
             peer = await Peer.answer(
                 session_id,
@@ -132,20 +130,36 @@ class Session:
                 config=ice_configuration(settings),
                 encoders=shared.encoders,
                 media=pipeline.media(),
-                events=EventChannel(events.listen, _caller_messages(pipeline)),
+                events=EventChannel(events.listen, messages.answer),
                 tasks=tasks,
             )
         except BaseException:
             tasks.end("offer failed")
             await tasks.stop(pipeline.in_flight)
             raise
-        _start(tasks, pipeline, peer, activity, frames, shared)
-        report = _report(session_id, model, pipeline, remote)
-        return cls(
-            session_id, model, pipeline, peer, app_audio, events, tasks, report, on_closed=on_closed
+        _start(tasks, pipeline, peer, activity, avatar.frames, shared)
+        report = _report(session_id, avatar.model, pipeline, remote)
+        session = cls(
+            session_id, pipeline, peer, app_audio, events, tasks, report, on_closed=on_closed
         )
+        messages.session = session
+        return session
 
     # -- what a call is now ---------------------------------------------------------
+
+    @property
+    def model(self) -> ModelHandle:
+        """The held model of the avatar the call shows (the incoming one during a switch)."""
+        return self.pipeline.avatar.model
+
+    @property
+    def avatar_id(self) -> str:
+        return self.pipeline.avatar.avatar_id
+
+    @property
+    def switching(self) -> bool:
+        """Whether a switch of avatar is loading or dissolving (one at a time)."""
+        return self._switching
 
     @property
     def answer_sdp(self) -> str:
@@ -224,6 +238,75 @@ class Session:
         """
         return self.pipeline.interrupt()
 
+    @property
+    def clips(self) -> list[str]:
+        """The idle clips of the call's avatar."""
+        return self.pipeline.clips
+
+    def set_idle_clip(self, clip: str) -> str:
+        """Play ``clip`` while the avatar is silent, from a seam (``docs/architecture.md``
+        §5); returns the clip it replaces. ``ClipNotFoundError`` names the clips there are."""
+        return self.pipeline.set_idle_clip(clip)
+
+    def run_control(self, action: Coroutine[Any, Any, None]) -> None:
+        """Run a client's change request (a switch, a clip) as a task of the call: it
+        never holds up the reader it came from, and ends with the call."""
+        self._tasks.spawn("switch", action)
+
+    @contextlib.contextmanager
+    def switch_slot(self) -> Iterator[None]:
+        """Hold the call's one switch slot while the next avatar loads (the manager's);
+        a second switch meanwhile is refused (``AvatarSwitchBusyError``)."""
+        if self._switching or self.pipeline.dissolving:
+            raise AvatarSwitchBusyError(
+                f"session {self.session_id[:16]} is switching avatar already; "
+                "switch again once avatar_changed was sent"
+            )
+        self._switching = True
+        try:
+            yield
+        finally:
+            self._switching = False
+
+    async def switch_avatar(self, avatar: CallAvatar, executor: Offload) -> AvatarSwitched:
+        """Show ``avatar`` from the next frame decided, dissolving from the current one
+        (``docs/architecture.md`` §18); returns once the switch is scheduled. The outgoing
+        model is released once the dissolve was sent and its frames in flight ended;
+        ``avatar_changed`` goes to every listener when the first new frame is sent. The
+        caller keeps ``avatar``'s model if this raises."""
+        if self.closed:
+            raise SessionNotFoundError(f"session {self.session_id[:16]} has ended")
+        previous = self.pipeline.avatar
+        fps = self.pipeline.fps
+
+        def shown(first: int) -> None:
+            self.events.publish(
+                "avatar_changed",
+                avatar=avatar.avatar_id,
+                previous=previous.avatar_id,
+                frame=first,
+                media_ms=round(first * 1000 / fps, 1),
+                frame_size=list(avatar.frame_size),
+            )
+
+        def retired(outgoing: CallAvatar, first: int) -> None:
+            waiting = self.pipeline.renderer.in_flight_before(first)
+            self._tasks.spawn("switch", release_after(outgoing, waiting))
+
+        first = await self.pipeline.switch_avatar(avatar, on_shown=shown, on_retired=retired)
+        self.report.avatar_id = avatar.avatar_id
+        self._tasks.spawn("preload", _preload(avatar.frames, executor))
+        if avatar.sharing is not None:
+            avatar.sharing.prepare()
+        logger.info(
+            "session switches avatar: session=%s from=%s to=%s frame=%d",
+            self.session_id,
+            previous.avatar_id,
+            avatar.avatar_id,
+            first,
+        )
+        return AvatarSwitched(previous.avatar_id, avatar.avatar_id, first, first * 1000 / fps)
+
     async def close(self, reason: str) -> None:
         """End the call for ``reason`` and wait until it is torn down (bounded); safe to
         call more than once, from anywhere but the call's own tasks."""
@@ -248,6 +331,9 @@ class Session:
         await self.peer.flush_events(FLUSH_EVENTS_S)  # session_ended before the close
         abandoned = await self._tasks.stop(self.pipeline.in_flight)
         await self.peer.close()
+        outgoing = self.pipeline.renderer.retire()  # a switch still dissolving
+        if outgoing is not None:
+            outgoing.model.close()
         self.model.close()
         sent = self.peer.sent()
         self.report.log_end(
@@ -292,20 +378,6 @@ def _report(
         fps=pipeline.fps,
         stats=pipeline.stats,
     )
-
-
-def _caller_messages(pipeline: LivePipeline) -> Callable[[object], dict[str, Any] | None]:
-    """What the caller's data channel takes: ``{"type": "interrupt"}``; anything else is
-    answered with an error (``docs/apps.md``)."""
-
-    def answer(message: object) -> dict[str, Any] | None:
-        if message_type(message) == "interrupt":
-            pipeline.interrupt()
-            return None
-        what = 'the data channel takes {"type": "interrupt"} messages only'
-        return error_event("bad_message", what)
-
-    return answer
 
 
 async def _preload(frames: AvatarFrames, executor: Offload) -> None:

@@ -40,6 +40,7 @@ STAGES = (
     "data channel",
     "watchdog",
     "preload",
+    "switch",
 )
 #: Why else a call ends: asked to (the API, an admin, the server stopping), a watchdog,
 #: or the connection (``DTLS failed`` is followed by its cause).

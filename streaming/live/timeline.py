@@ -29,6 +29,7 @@ and the frames whose features may hold that audio.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import av
 import numpy as np
 
 from compositor.sequencer import FrameSequencer, FrameStep
+from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, FrameAudio
 from streaming.audio_in.resample import MonoResampler
 from streaming.audio_rates import AUDIO_CHUNK_S, FEATURE_RATE, OUT_RATE
@@ -74,6 +76,17 @@ class Made(Generic[T]):
 
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
 MAX_CHUNKS_PER_JOB = 25
+
+
+@dataclass(frozen=True)
+class AvatarSwitch:
+    """A switch of the call's avatar the next job applies before it steps a frame: the
+    new avatar's frame count and audio encoder, and ``apply(first)``, told the first
+    frame the new avatar shows (run in that job, off the loop)."""
+
+    frame_count: int
+    encoder: AudioEncoder | None
+    apply: Callable[[int], None]
 
 
 class _SpeechGate:
@@ -146,6 +159,8 @@ class AudioTimeline(Generic[T]):
         self._decided = -1
         self._interrupts = 0
         self._gate = _SpeechGate(sequencer)
+        self._switch: AvatarSwitch | None = None  # to apply between two frames
+        self._switch_lock = threading.Lock()
 
     @property
     def chunks_made(self) -> int:
@@ -188,6 +203,7 @@ class AudioTimeline(Generic[T]):
         if self._reset_gate:
             self._reset_gate = False
             self._sequencer.reset()
+        self._apply_switch()
         made = []
         gate = self._gate
         for index, chunk in enumerate(chunks, first):
@@ -200,6 +216,33 @@ class AudioTimeline(Generic[T]):
                 frames.append(DecidedFrame(item, step, level >= self._vad_threshold_db, started))
             made.append((packet, frames))
         return made
+
+    def switch(self, switch: AvatarSwitch) -> None:
+        """Show another avatar from the next frame the speech gate decides: the next job
+        applies ``switch`` before it steps a frame, so every frame is decided, prepared
+        and rendered for one avatar. Before the clock starts no job runs: it applies now.
+        A switch not applied yet is replaced by a later one."""
+        with self._switch_lock:
+            self._switch = switch
+        if self._chunks_made == 0:
+            self._apply_switch()
+
+    def cancel_switch(self, switch: AvatarSwitch) -> bool:
+        """Withdraw ``switch`` unless a job applied it already; True when withdrawn."""
+        with self._switch_lock:
+            if self._switch is not switch:
+                return False
+            self._switch = None
+            return True
+
+    def _apply_switch(self) -> None:
+        with self._switch_lock:
+            switch, self._switch = self._switch, None
+            if switch is None:
+                return
+            self._sequencer.frame_count = switch.frame_count
+            self._features.use_encoder(switch.encoder)
+            switch.apply(self._sequencer.output_index)
 
     def interrupt(self) -> tuple[float, list[int]]:
         """Drop the queued audio and go idle: frames whose features may hold it are silent,

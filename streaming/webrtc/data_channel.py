@@ -43,11 +43,12 @@ class EventFeed(Protocol):
 @dataclass(frozen=True)
 class EventChannel:
     """What a session puts on its callers' data channels: ``listen()`` gives a new
-    reader of its events; ``answer(message)`` acts on a message the caller sent and
-    returns an error to send back, or None."""
+    reader of its events; ``answer(message, reply)`` acts on a message the caller sent,
+    and calls ``reply(message)`` (now or once an action finished) to send that caller
+    an answer, such as an error."""
 
     listen: Callable[[], EventFeed]
-    answer: Callable[[object], dict[str, Any] | None]
+    answer: Callable[[object, Callable[[dict[str, Any]], None]], None]
 
 
 async def serve_data_channel(channel: RTCDataChannel, events: EventChannel) -> None:
@@ -55,11 +56,13 @@ async def serve_data_channel(channel: RTCDataChannel, events: EventChannel) -> N
     to ``events.answer``."""
     listener = events.listen()
 
+    def reply(answer: dict[str, Any]) -> None:
+        if channel.readyState == "open":
+            channel.send(json.dumps(answer))
+
     @channel.on("message")
     def on_message(message: object) -> None:
-        reply = events.answer(message)
-        if reply is not None and channel.readyState == "open":
-            channel.send(json.dumps(reply))
+        events.answer(message, reply)
 
     try:
         if channel.readyState == "connecting":

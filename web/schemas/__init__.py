@@ -61,6 +61,7 @@ from web.schemas.inference_protocol import (
 from web.schemas.operation import Header, Operation, Reply
 from web.schemas.routes import OPERATIONS
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
+from web.schemas.session_control import AvatarSwitched, IdleClipSet, SetIdleClip, SwitchAvatar
 from web.schemas.signalling import (
     AddedDelay,
     Answer,
@@ -87,6 +88,7 @@ __all__ = [
     "AudioQuery",
     "Avatar",
     "AvatarImportRequest",
+    "AvatarSwitched",
     "Avatars",
     "BufferedMedia",
     "Cache",
@@ -100,6 +102,7 @@ __all__ = [
     "Health",
     "HungUp",
     "IceServer",
+    "IdleClipSet",
     "IdleLoops",
     "ImportedAvatar",
     "InferQuery",
@@ -142,7 +145,9 @@ __all__ = [
     "SessionInfo",
     "SessionState",
     "Sessions",
+    "SetIdleClip",
     "Stats",
+    "SwitchAvatar",
     "WebRtcConfig",
     "Worker",
 ]

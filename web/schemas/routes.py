@@ -40,6 +40,7 @@ from web.schemas.inference_protocol import (
 )
 from web.schemas.operation import Header, Operation, Reply, Tag, file_replies
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
+from web.schemas.session_control import AvatarSwitched, IdleClipSet, SetIdleClip, SwitchAvatar
 from web.schemas.signalling import (
     Answer,
     AudioQuery,
@@ -150,6 +151,42 @@ SESSION_OPERATIONS = (
         (Reply(200, "Interrupted.", Interrupted),),
         access="session",
         errors=_NO_SESSION,
+    ),
+    Operation(
+        "switch_avatar",
+        "post",
+        "/sessions/{session_id}/avatar",
+        "sessions",
+        "Switch the call's avatar: loaded while the old one shows, then a short dissolve",
+        (Reply(200, "Switched from `frame` on (or already showing it).", AvatarSwitched),),
+        description="Waits while a cold model loads (up to `server.request_timeout_s`); "
+        "the call keeps its avatar if anything fails. `avatar_changed` goes to every "
+        "listener when the first new frame is sent (docs/apps.md). Also a WebSocket and "
+        'data-channel message: `{"type": "switch_avatar", "avatar": "..."}`.',
+        body=SwitchAvatar,
+        access="session",
+        errors={
+            400: SwitchAvatar.error_codes(),
+            401: ("unauthorized",),
+            **_NO_SESSION,
+            409: ("avatar_incompatible", "avatar_switch_busy"),
+            500: ("model_load_failed", "model_invalid"),
+            503: ("shutting_down", "too_many_sessions", "no_capacity", "out_of_memory"),
+        },
+    ),
+    Operation(
+        "set_idle_clip",
+        "post",
+        "/sessions/{session_id}/idle",
+        "sessions",
+        "Choose the clip the avatar plays while silent (entered at a seam)",
+        (Reply(200, "The clip plays from the next silent frame.", IdleClipSet),),
+        description="An avatar's clips are named in its package (`GET /avatars`); an "
+        "unknown one is refused with the list. Also a WebSocket and data-channel message: "
+        '`{"type": "set_idle_clip", "clip": "..."}`.',
+        body=SetIdleClip,
+        access="session",
+        errors={400: SetIdleClip.error_codes(), 404: ("session_not_found", "clip_not_found")},
     ),
     Operation(
         "stream_audio",
