@@ -34,7 +34,7 @@ from streaming.live.events import SessionEvents
 from streaming.live.mixer import AudioMixer
 from streaming.live.session import Session
 from streaming.live.stream_in import AudioStreamIn
-from streaming.live.utterances import Mark, UtteranceLedger
+from streaming.live.utterances import Mark, Playback, UtteranceLedger
 from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, until
 from tests.media import SAMPLE_RATE, resample_linear, speech_with_pauses, write_wav
 from tests.test_streaming import MouthProbe, _package
@@ -132,7 +132,8 @@ def test_the_ledger_marks_where_utterances_start_and_end() -> None:
     ledger.close(first)
     second = ledger.open("stream")
     ledger.queued(second, 480)
-    assert ledger.taken(960, 0) == [Mark("start", first, "push", 0.0, 0.0)]
+    anyone = Playback(first, "push")  # (a mark's playback is not compared)
+    assert ledger.taken(960, 0) == [Mark("start", first, "push", 0.0, 0.0, anyone)]
     marks = ledger.taken(960, 1)  # the rest of the first, the start of the second
     assert [(m.kind, m.utterance, m.media_ms) for m in marks] == [
         ("end", first, 31.2),
@@ -258,7 +259,11 @@ async def test_streamed_speech_is_spoken_told_and_interrupted(
         await ws.send_bytes(_pcm(speech[:4800], "s16le"))
         await ws.send_json({"type": "end"})
         await events.wait("speech_ended", utterance=3)
-        assert events.of("speech_ended", utterance=2) == []  # cut short: it never ended
+        (cut_short,) = events.of("speech_ended", utterance=2)  # ended by the cut, before it
+        assert cut_short["interrupted"] is True
+        assert cut_short["seq"] < interrupted["seq"]
+        assert 0 < cut_short["played_ms"] < cut_short["duration_ms"]
+        assert interrupted["played"] == [{"utterance": 2, "played_ms": cut_short["played_ms"]}]
 
         # The mouth rests from 200 ms (5 frames) after the interrupt until utterance 3.
         received = caller.received

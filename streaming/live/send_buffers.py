@@ -53,6 +53,11 @@ class SendBuffers:
         for stale in [i for i in self._frames if i < oldest_frame]:
             del self._frames[stale]
 
+    def holds_chunk(self, index: int) -> bool:
+        """Whether chunk ``index``'s packet was made and waits for its slot (else its slot
+        sends silence: the chunk was made too late, or not at all)."""
+        return index in self._chunks
+
     def take_chunk(self, index: int) -> av.Packet[Any]:
         """The packet for audio slot ``index`` (silence if none was made); older ones go."""
         for stale in [i for i in self._chunks if i < index]:

@@ -289,10 +289,26 @@ class Queued(ResponseModel):
     )
 
 
+class PlayedUtterance(ResponseModel):
+    """How much of one cut utterance the caller was sent."""
+
+    utterance: int
+    played_ms: NonNegative = Field(
+        description="Its audio handed to the caller's audio track before the interrupt "
+        "silenced the rest (0: cut before any of it was sent)."
+    )
+
+
 class Interrupted(ResponseModel):
     dropped_ms: NonNegative = Field(description="Audio dropped.")
     utterances: list[int] = Field(
-        description="The utterances cut short or dropped (their `speech_ended` never comes)."
+        description="The utterances cut short or dropped, in order. Each one that had audio "
+        "got its `speech_ended` (`interrupted: true`) before the `interrupted` event."
+    )
+    played: list[PlayedUtterance] = Field(
+        default_factory=list,
+        description="Per cut utterance, in the order of `utterances`: how much of it the "
+        "caller was sent (`played_ms`, as in its `speech_ended`).",
     )
 
 
