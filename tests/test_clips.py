@@ -221,12 +221,15 @@ def test_forget_before_drops_old_segments_and_refuses_their_frames() -> None:
         plan.advance(n, n // 10 % 2 == 1)
     assert len(plan.segments) == 10
     kept = plan.at(55)
-    plan.forget_before(55)
-    assert [s.first for s in plan.segments] == [50, 60, 70, 80, 90]
+    plan.forget_before(55)  # only the deciding thread drops them: at its next segment
+    assert len(plan.segments) == 10
+    plan.advance(100, True)
+    assert [s.first for s in plan.segments] == [50, 60, 70, 80, 90, 100]
     assert plan.at(55) == kept
     with pytest.raises(ValueError, match="before the oldest kept segment"):
         plan.at(49)
     plan.forget_before(10**6)
+    plan.advance(101, False)
     assert len(plan.segments) == 1
 
 
@@ -359,3 +362,6 @@ def test_a_clip_loop_encodes_the_clip_bounced() -> None:
     clip, position = plan.loop_position(0)
     assert key == key.for_clip(clip)
     assert asked[position % loop.length] == plan.at(0)
+    packet = loop.packet(40, 25, position=position + 40)  # the call's frame 40, its clip's p
+    assert packet.pts == 40 * 3600
+    assert packet.opaque == list(loop.payloads[(position + 40) % loop.length])

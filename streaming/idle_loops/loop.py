@@ -125,17 +125,20 @@ class EncodedLoop:
     def is_keyframe(self, position: int) -> bool:
         return position in self.keyframes
 
-    def packet(self, index: int, fps: int) -> av.Packet[Any]:
-        """Frame ``index`` of a call, from position ``index % length``: an empty packet
-        stamped with the frame's RTP time whose ``opaque`` holds the shared payloads
-        (what :meth:`LipstreamH264Encoder.pack` hands to aiortc's sender)."""
+    def packet(self, index: int, fps: int, position: int | None = None) -> av.Packet[Any]:
+        """Frame ``index`` of a call, from loop position ``position % length`` (default
+        ``index``; a call playing clips passes the bounce position its ``ClipPlan`` gives,
+        ``loop_position(index)``): an empty packet stamped with the frame's RTP time whose
+        ``opaque`` holds the shared payloads (what :meth:`LipstreamH264Encoder.pack` hands
+        to aiortc's sender)."""
         packet = av.Packet(b"")
         packet.pts = index * _VIDEO_CLOCK // fps
         packet.time_base = TIME_BASE
         # A list of its own: PyAV keeps ``opaque`` by the object's identity and drops it
         # when any packet holding that object is freed, so two calls (or two rounds of
         # the loop) handed the same tuple would lose each other's payloads.
-        packet.opaque = list(self.payloads[index % len(self.payloads)])
+        at = index if position is None else position
+        packet.opaque = list(self.payloads[at % len(self.payloads)])
         return packet
 
 
