@@ -138,8 +138,13 @@ class ClipPlan:
         self.clips: Mapping[str, Clip] = clips
         self.speaking: Clip = clips.get(SPEAKING, Clip(SPEAKING, 0, frame_count))
         self._idle = IDLE
-        self._segments = [Segment(0, clips[IDLE], 0)]
-        self._firsts = [0]
+        # (first frames, segments), replaced whole: the timeline's job adds segments
+        # while the event loop and the compositing threads look frames up.
+        self._state: tuple[tuple[int, ...], tuple[Segment, ...]] = (
+            (0,),
+            (Segment(0, clips[IDLE], 0),),
+        )
+        self._floor = 0  # forget_before's frame: segments ending before it go next time
         self._last: int | None = None  # the last n given to advance
 
     @property
@@ -150,7 +155,7 @@ class ClipPlan:
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The kept segments, oldest first."""
-        return tuple(self._segments)
+        return self._state[1]
 
     def choose(self, name: str) -> None:
         """Play clip ``name`` while silent, from the next silent frame :meth:`advance`
@@ -185,23 +190,23 @@ class ClipPlan:
         return self.at(n)
 
     def forget_before(self, n: int) -> None:
-        """Drop the segments that end before output frame ``n`` (the newest is kept)."""
-        drop = bisect.bisect_right(self._firsts, n) - 1
-        if drop > 0:
-            del self._segments[:drop]
-            del self._firsts[:drop]
+        """Let the segments that end before output frame ``n`` go (the newest is kept):
+        dropped when :meth:`advance` next adds one, so only the deciding thread writes."""
+        self._floor = max(self._floor, n)
 
     def _segment(self, n: int) -> Segment:
-        at = bisect.bisect_right(self._firsts, n) - 1
+        firsts, segments = self._state
+        at = bisect.bisect_right(firsts, n) - 1
         if at < 0:
             raise ValueError(
-                f"frame {n} is before the oldest kept segment (from frame {self._firsts[0]})"
+                f"frame {n} is before the oldest kept segment (from frame {firsts[0]})"
             )
-        return self._segments[at]
+        return segments[at]
 
     def _start(self, n: int, clip: Clip) -> None:
         offset = 0
-        if n - 1 >= self._firsts[0]:
+        firsts, segments = self._state
+        if n - 1 >= firsts[0]:
             previous = self._segment(n - 1)
             q = previous.position(n - 1)
             shown, coming = previous.clip.frame(q), previous.clip.frame(q + 1)
@@ -214,14 +219,11 @@ class ClipPlan:
                     rising = self._rises_towards(clip, entry, coming, self.distance)
                 offset = _entry_position(clip, entry, rising)
         segment = Segment(n, clip, offset % clip.period)
-        if self._firsts[-1] == n:  # nothing shown of the last one yet: replace it
-            self._segments[-1] = segment
-        else:
-            self._segments.append(segment)
-            self._firsts.append(n)
-            if len(self._segments) > self._keep:
-                del self._segments[0]
-                del self._firsts[0]
+        if firsts[-1] == n:  # nothing shown of the last one yet: replace it
+            firsts, segments = firsts[:-1], segments[:-1]
+        firsts, segments = (*firsts, n), (*segments, segment)
+        drop = max(bisect.bisect_right(firsts, self._floor) - 1, len(firsts) - self._keep, 0)
+        self._state = (firsts[drop:], segments[drop:])
 
     def _entry(self, shown: int, left: Clip, clip: Clip) -> int:
         """The frame of ``clip`` (which does not hold ``shown``, a frame of ``left``)

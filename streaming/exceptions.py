@@ -8,8 +8,9 @@ Hierarchy::
     ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
     ├── StreamBusyError         the session already has an audio stream open (409)
     ├── AvatarSwitchBusyError   the call is switching avatar already (409)
-    ├── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
-    └── ClipNotFoundError       the call's avatar has no idle clip of that name (404)
+    └── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
+
+An unknown idle clip is :class:`compositor.clips.ClipNotFoundError` (404).
 """
 
 from __future__ import annotations
@@ -41,7 +42,3 @@ class AvatarSwitchBusyError(StreamingError):
 
 class AvatarIncompatibleError(StreamingError):
     """A call keeps its fps and audio features; this avatar has others."""
-
-
-class ClipNotFoundError(StreamingError):
-    """The call's avatar has no idle clip of that name (the message lists its clips)."""

@@ -223,13 +223,13 @@ def test_forget_before_drops_old_segments_and_refuses_their_frames() -> None:
     kept = plan.at(55)
     plan.forget_before(55)  # only the deciding thread drops them: at its next segment
     assert len(plan.segments) == 10
-    plan.advance(100, True)
+    plan.advance(100, False)
     assert [s.first for s in plan.segments] == [50, 60, 70, 80, 90, 100]
     assert plan.at(55) == kept
     with pytest.raises(ValueError, match="before the oldest kept segment"):
         plan.at(49)
     plan.forget_before(10**6)
-    plan.advance(101, False)
+    plan.advance(101, True)
     assert len(plan.segments) == 1
 
 

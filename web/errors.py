@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from compositor.clips import ClipNotFoundError
 from compositor.exceptions import CompositorError
 from inference_core.avatars.exceptions import (
     AvatarError,
@@ -46,7 +47,6 @@ from streaming.audio_in.exceptions import (
 from streaming.exceptions import (
     AvatarIncompatibleError,
     AvatarSwitchBusyError,
-    ClipNotFoundError,
     OfferError,
     SessionLimitError,
     SessionNotFoundError,

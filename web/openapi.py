@@ -6,6 +6,9 @@ Generated, never written by hand: component schemas come from the pydantic model
 means, the shared error responses (``Retry-After`` where the server sends it) and the
 two access rules. ``tests/test_openapi.py`` checks the document both ways against the
 routes the app registers and validates real responses against it.
+
+Why one module: most of it is the table of what each error code means, which must stay
+beside the code that turns the table into the document's responses.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The avatar a call shows, as one value the call can swap (``docs/architecture.md`` §18).
 
 Everything of a call that depends on its avatar is here: the held model, the background
-frames, the crop/paste steps, the shared idle loop and the audio encoder. A call starts
+frames, the crop/paste steps, the shared idle loop, the audio encoder and the clip plan
+(which avatar frame each output frame shows, ``compositor/clips.py``). A call starts
 with one; a switch (:meth:`~streaming.live.pipeline.LivePipeline.switch_avatar`) hands
 the render path a second from a frame on, and the first is released once the dissolve
 is over. Two avatars can follow each other in one call only where the call's timeline
@@ -15,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 
 from compositor.background_cache import AvatarFrames
+from compositor.clips import ClipPlan
 from config.settings import Settings
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
@@ -34,6 +36,7 @@ class CallAvatar:
     pipeline: FramePipeline
     audio_encoder: AudioEncoder | None
     sharing: IdleSharing | None
+    plan: ClipPlan
 
     @property
     def package(self) -> AvatarPackage:
@@ -79,12 +82,14 @@ def call_avatar(
     """``model``'s avatar ready for a call: its crop/paste steps and, when the server
     shares idle loops (``video.shared_idle``), its choice of shared loop (§16)."""
     package = model.package
+    plan = ClipPlan(package.frame_count, package.clips)
     return CallAvatar(
         model,
         frames,
         FramePipeline(package, frames),
         audio_encoder,
-        _idle_sharing(settings, encoders, idle_loops, package, frames),
+        _idle_sharing(settings, encoders, idle_loops, package, frames, plan),
+        plan,
     )
 
 
@@ -117,6 +122,7 @@ def _idle_sharing(
     idle_loops: IdleLoopCache | None,
     package: AvatarPackage,
     frames: AvatarFrames,
+    plan: ClipPlan,
 ) -> IdleSharing | None:
     video = settings.video
     if not video.shared_idle or idle_loops is None or idle_loops.max_bytes == 0:
@@ -134,4 +140,5 @@ def _idle_sharing(
         frame_count=package.frame_count,
         constant_quality=video.idle_constant_quality,
     )
-    return IdleSharing(idle_loops, rung_keys(base, video.idle_bitrate_rungs), frames.get, fps)
+    keys = rung_keys(base, video.idle_bitrate_rungs)
+    return IdleSharing(idle_loops, keys, frames.get, fps, plan.loop_position)

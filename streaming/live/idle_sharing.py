@@ -1,9 +1,10 @@
 """Whether a call's next idle frame goes out from the avatar's shared loop or its encoder.
 
 A call that is not speaking shows the same pictures as every other call of its avatar
-(frame ``n`` is loop position ``n % length``), so it can send the shared, pre-encoded
-loop instead of encoding its own (``docs/architecture.md`` §16). A decoder can only
-change streams at an IDR, so:
+playing the same idle clip (frame ``n`` is the clip's loop at the bounce position its
+``ClipPlan`` gives, ``docs/architecture.md`` §5), so it can send the shared, pre-encoded
+loop of that clip instead of encoding its own (§16). A decoder can only change streams
+at an IDR, so:
 
 * an idle call keeps encoding its own frames until its position is a shared keyframe
   (of the rung its target bitrate wants), then sends the loop from there;
@@ -15,7 +16,9 @@ change streams at an IDR, so:
 * a skipped slot while sharing leaves the loop too (the decoder would miss a picture the
   next one refers to);
 * a new target bitrate (REMB) moves the call to another rung at that rung's next
-  keyframe.
+  keyframe;
+* another idle clip leaves the loop (the call's own encoder makes an IDR) and joins the
+  new clip's loop at its next keyframe.
 
 Frames are decided in the order they are sent, one call at a time, on the event loop.
 """
@@ -23,12 +26,13 @@ Frames are decided in the order they are sent, one call at a time, on the event 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import av
 
+from compositor.clips import Clip
 from streaming.idle_loops.cache import FrameSource, IdleLoopCache
 from streaming.idle_loops.loop import EncodedLoop, LoopKey
 from streaming.webrtc.video_encoder import LipstreamH264Encoder
@@ -39,11 +43,18 @@ logger = logging.getLogger(__name__)
 class IdleSharing:
     """One call's choice between the shared idle loop and its own encoder.
 
-    ``keys`` are the avatar's loops by rung, highest bitrate first (see :func:`rung_keys`).
+    ``keys`` are the avatar's loops by rung, highest bitrate first (see :func:`rung_keys`);
+    ``position(n)`` the clip frame ``n`` plays and its bounce position there (the call's
+    ``ClipPlan.loop_position``; default: every frame, position ``n``).
     """
 
     def __init__(
-        self, loops: IdleLoopCache, keys: Sequence[LoopKey], frames: FrameSource, fps: int
+        self,
+        loops: IdleLoopCache,
+        keys: Sequence[LoopKey],
+        frames: FrameSource,
+        fps: int,
+        position: Callable[[int], tuple[Clip, int]] | None = None,
     ) -> None:
         if not keys:
             raise ValueError("idle sharing needs at least one bitrate rung")
@@ -51,6 +62,7 @@ class IdleSharing:
         self._keys = tuple(sorted(keys, key=lambda k: k.bitrate, reverse=True))
         self._frames = frames
         self._fps = fps
+        self._position = position
         self._loop: EncodedLoop | None = None  # the loop being sent, None while encoding
         self._last = -1  # the last frame decided
         self._left_at = -2  # the last frame where the call left the loop (an own IDR)
@@ -65,34 +77,35 @@ class IdleSharing:
         """The bitrate of the loop being sent, None while the call encodes its frames."""
         return None if self._loop is None else self._loop.key.bitrate
 
-    def prepare(self) -> None:
-        """Ask for the top rung's loop now (built in the background if it is missing)."""
-        self._loops.get(self._keys[0], self._frames)
+    def prepare(self, clip: Clip | None = None) -> None:
+        """Ask for the top rung's loop of ``clip`` (default: the one the call starts
+        with) now, built in the background if it is missing."""
+        self._loops.get(self._for(self._keys[0], clip), self._frames)
 
     def idle(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any] | None:
         """The shared packet for idle frame ``index``, or None: ``encoder`` encodes it
         (asked for an IDR when the call just left the loop)."""
         gap = index != self._last + 1
         self._last = index
+        clip, position = self._where(index)
         loop = self._loop
-        if loop is not None and loop.key.config != encoder.config:
-            self._leave(index, encoder)  # the live stream was re-opened (size, NVENC)
+        if loop is not None and (loop.key.config != encoder.config or not _plays(loop, clip)):
+            self._leave(index, encoder)  # re-opened (size, NVENC) or another clip
             return None
         if loop is None:
-            return self._join(index, encoder)
-        position = index % loop.length
-        if gap or (encoder.keyframe_wanted and not loop.is_keyframe(position)):
+            return self._join(index, clip, position, encoder)
+        if gap or (encoder.keyframe_wanted and not loop.is_keyframe(position % loop.length)):
             self._leave(index, encoder)
             return None
-        wanted = self._rung(encoder)
+        wanted = self._rung(encoder, clip)
         if wanted != loop.key:
             other = self._loops.get(wanted, self._frames)
-            if other is not None and other.is_keyframe(index % other.length):
+            if other is not None and other.is_keyframe(position % other.length):
                 logger.debug("frame %d moves to bitrate %d", index, other.key.bitrate)
                 loop = self._loop = other
-        if loop.is_keyframe(index % loop.length):
+        if loop.is_keyframe(position % loop.length):
             encoder.take_keyframe_request()  # a shared IDR answers a PLI as well
-        return loop.packet(index, self._fps)
+        return loop.packet(index, self._fps, position)
 
     def live(self, index: int, encoder: LipstreamH264Encoder) -> None:
         """Frame ``index`` carries a face: ``encoder`` sends it (an IDR if the call was
@@ -101,16 +114,21 @@ class IdleSharing:
         if self._loop is not None:
             self._leave(index, encoder)
 
-    def _join(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any] | None:
+    def _where(self, index: int) -> tuple[Clip | None, int]:
+        return (None, index) if self._position is None else self._position(index)
+
+    def _join(
+        self, index: int, clip: Clip | None, position: int, encoder: LipstreamH264Encoder
+    ) -> av.Packet[Any] | None:
         if index <= self._left_at + 1:  # never two IDRs in a row (H.264 7.4.3 idr_pic_id)
             return None
-        loop = self._loops.get(self._rung(encoder), self._frames)
-        if loop is None or not loop.is_keyframe(index % loop.length):
+        loop = self._loops.get(self._rung(encoder, clip), self._frames)
+        if loop is None or not loop.is_keyframe(position % loop.length):
             return None
         self._loop = loop
         encoder.take_keyframe_request()
         logger.debug("frame %d joins the shared loop (bitrate %d)", index, loop.key.bitrate)
-        return loop.packet(index, self._fps)
+        return loop.packet(index, self._fps, position)
 
     def _leave(self, index: int, encoder: LipstreamH264Encoder) -> None:
         logger.debug("frame %d leaves the shared loop", index)
@@ -118,8 +136,9 @@ class IdleSharing:
         self._left_at = index
         encoder.request_keyframe()
 
-    def _rung(self, encoder: LipstreamH264Encoder) -> LoopKey:
-        """The highest rung at or below the call's target bitrate (the lowest if none is)."""
+    def _rung(self, encoder: LipstreamH264Encoder, clip: Clip | None) -> LoopKey:
+        """The highest rung at or below the call's target bitrate (the lowest if none is),
+        of ``clip``'s loop."""
         target = encoder.target_bitrate
         chosen = self._keys[-1]
         for key in reversed(self._keys):
@@ -127,7 +146,16 @@ class IdleSharing:
                 chosen = key
         if chosen.config != encoder.config:
             chosen = replace(chosen, config=encoder.config)
-        return chosen
+        return self._for(chosen, clip)
+
+    @staticmethod
+    def _for(key: LoopKey, clip: Clip | None) -> LoopKey:
+        return key if clip is None else key.for_clip(clip)
+
+
+def _plays(loop: EncodedLoop, clip: Clip | None) -> bool:
+    """Whether ``loop`` is the loop of ``clip`` (None: the avatar's only loop)."""
+    return clip is None or (loop.key.clip_start, loop.key.clip_stop) == clip.range
 
 
 def rung_keys(base: LoopKey, rungs: Sequence[float]) -> list[LoopKey]:

@@ -27,12 +27,12 @@ from typing import Any
 import av
 import numpy as np
 
+from compositor.clips import ClipPlan
 from compositor.sequencer import FrameSequencer, FrameStep
 from config.settings import AudioSettings, Settings
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import AudioFeatureStream, FrameAudio
-from streaming.exceptions import ClipNotFoundError
 from streaming.idle_loops import IdleLoopCache
 from streaming.live.avatar import CallAvatar
 from streaming.live.idle_sharing import IdleSharing
@@ -57,6 +57,8 @@ from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 logger = logging.getLogger(__name__)
 
 OnFailure = Callable[[str, BaseException], None]
+#: Frames of the clip plan kept behind the last frame sent (a late slot may still ask).
+PLAN_KEPT_FRAMES = 250
 #: Seconds a switch may wait for the timeline to apply it (a job runs every 20 ms).
 SWITCH_APPLY_S = 5.0
 #: Sends one message back to the client that sent a control message.
@@ -131,6 +133,7 @@ class LivePipeline:
         self.timeline = _timeline(
             self.mixer,
             avatar.audio_encoder,
+            avatar.plan,
             settings.audio,
             package,
             self.budget,
@@ -212,16 +215,23 @@ class LivePipeline:
     @property
     def clips(self) -> list[str]:
         """The idle clips of the current avatar."""
-        return ["idle"]
+        return sorted(self.avatar.plan.clips)
+
+    @property
+    def idle_clip(self) -> str:
+        """The clip the current avatar plays while silent."""
+        return self.avatar.plan.current_idle
 
     def set_idle_clip(self, clip: str) -> str:
-        """Play ``clip`` while silent, from a seam; returns the clip it replaces."""
-        if clip not in self.clips:
-            raise ClipNotFoundError(
-                f"avatar {self.avatar.avatar_id!r} has no idle clip {clip!r}; its clips: "
-                + ", ".join(self.clips)
-            )
-        return clip
+        """Play ``clip`` while silent, entered at the nearest frame of it from the next
+        silent frame the speech gate decides (``docs/architecture.md`` §5); returns the
+        clip it replaces. ``ClipNotFoundError`` lists the avatar's clips."""
+        plan = self.avatar.plan
+        previous = plan.current_idle
+        plan.choose(clip)
+        if self.sharing is not None:
+            self.sharing.prepare(plan.clips[clip])  # its shared loop, built in the background
+        return previous
 
     @property
     def dissolving(self) -> bool:
@@ -251,7 +261,7 @@ class LivePipeline:
             self.renderer.switch(first, avatar, self._fade_frames)
             loop.call_soon_threadsafe(_settle, applied, first)
 
-        switch = AvatarSwitch(avatar.package.frame_count, avatar.audio_encoder, apply)
+        switch = AvatarSwitch(avatar.plan, avatar.audio_encoder, apply)
         self.timeline.switch(switch)
         try:
             first = await asyncio.wait_for(asyncio.shield(applied), timeout_s)
@@ -288,6 +298,7 @@ class LivePipeline:
         self._speech.frame_sent(index)
         if self._switched is not None:
             self._switch_progress(index)
+        self.renderer.avatar.plan.forget_before(index - PLAN_KEPT_FRAMES)
         for listener in self.sent_listeners:
             listener(index)
 
@@ -323,6 +334,7 @@ def _settle(future: asyncio.Future[int], value: int) -> None:
 def _timeline(
     mixer: AudioMixer,
     audio_encoder: AudioEncoder | None,
+    plan: ClipPlan,
     audio: AudioSettings,
     package: AvatarPackage,
     budget: DelayBudget,
@@ -345,6 +357,7 @@ def _timeline(
             threshold_db=audio.vad_threshold_db,
             hangover_frames=audio.hangover_frames,
             blend_frames=audio.blend_frames,
+            plan=plan,
         ),
         executor,
         fps=fps,

@@ -36,7 +36,7 @@ import av
 import numpy as np
 
 from compositor.crossfade import crossfade, fade_weight
-from compositor.sequencer import FrameStep, bounce_index
+from compositor.sequencer import FrameStep
 from compositor.yuv import Frame
 from inference_core.exceptions import InferenceError
 from inference_core.features.stream import FrameAudio
@@ -393,4 +393,4 @@ class FrameRenderer:
 
 def _background(avatar: CallAvatar, index: int) -> Frame:
     """``avatar``'s background frame for output frame ``index`` (its idle picture)."""
-    return avatar.frames.get(bounce_index(index, avatar.package.frame_count))
+    return avatar.frames.get(avatar.plan.at(index))

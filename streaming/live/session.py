@@ -26,7 +26,8 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from compositor.background_cache import AvatarFrames
+from compositor.clips import SPEAKING
+from compositor.frame_similarity import FrameThumbnails
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import AvatarSwitchBusyError, SessionNotFoundError
 from streaming.live.app_audio import AppAudio
@@ -137,7 +138,7 @@ class Session:
             tasks.end("offer failed")
             await tasks.stop(pipeline.in_flight)
             raise
-        _start(tasks, pipeline, peer, activity, avatar.frames, shared)
+        _start(tasks, pipeline, peer, activity, avatar, shared)
         report = _report(session_id, avatar.model, pipeline, remote)
         session = cls(
             session_id, pipeline, peer, app_audio, events, tasks, report, on_closed=on_closed
@@ -245,8 +246,16 @@ class Session:
 
     def set_idle_clip(self, clip: str) -> str:
         """Play ``clip`` while the avatar is silent, from a seam (``docs/architecture.md``
-        §5); returns the clip it replaces. ``ClipNotFoundError`` names the clips there are."""
-        return self.pipeline.set_idle_clip(clip)
+        §5); returns the clip it replaces. ``ClipNotFoundError`` names the clips there are.
+        ``idle_clip_changed`` tells every listener, with the media time from which the
+        next silent frame plays it."""
+        previous = self.pipeline.set_idle_clip(clip)
+        if previous != clip:
+            media_ms = self.pipeline.timeline.next_frame * 1000 / self.pipeline.fps
+            self.events.publish(
+                "idle_clip_changed", clip=clip, previous=previous, media_ms=round(media_ms, 1)
+            )
+        return previous
 
     def run_control(self, action: Coroutine[Any, Any, None]) -> None:
         """Run a client's change request (a switch, a clip) as a task of the call: it
@@ -295,7 +304,7 @@ class Session:
 
         first = await self.pipeline.switch_avatar(avatar, on_shown=shown, on_retired=retired)
         self.report.avatar_id = avatar.avatar_id
-        self._tasks.spawn("preload", _preload(avatar.frames, executor))
+        self._tasks.spawn("preload", _preload(avatar, executor))
         if avatar.sharing is not None:
             avatar.sharing.prepare()
         logger.info(
@@ -350,7 +359,7 @@ def _start(
     pipeline: LivePipeline,
     peer: Peer,
     activity: AudioActivity,
-    frames: AvatarFrames,
+    avatar: CallAvatar,
     shared: CallResources,
 ) -> None:
     """Start a call's tasks: its media loop, its watchdogs, the preload of its frames."""
@@ -360,7 +369,7 @@ def _start(
     tasks.spawn("watchdog", peer_gone(peer, session_id))
     if session.idle_timeout_s > 0:
         tasks.spawn("watchdog", went_idle(activity, session.idle_timeout_s, session_id))
-    tasks.spawn("preload", _preload(frames, shared.executor))
+    tasks.spawn("preload", _preload(avatar, shared.executor))
     if pipeline.sharing is not None:
         pipeline.sharing.prepare()  # the avatar's idle loop, built once in the background
 
@@ -380,7 +389,12 @@ def _report(
     )
 
 
-async def _preload(frames: AvatarFrames, executor: Offload) -> None:
-    """Decode the avatar's background frames into the cache while ICE connects."""
+async def _preload(avatar: CallAvatar, executor: Offload) -> None:
+    """Decode the avatar's background frames into the cache while ICE connects, then
+    its thumbnails: the clip plan enters a clip at the frame nearest the one shown."""
+    frames = avatar.frames
     for index in range(len(frames)):
         await executor.run(frames.get, index)
+    if len(avatar.plan.clips) > 1 or SPEAKING in avatar.plan.clips:
+        thumbs = await executor.run(FrameThumbnails.build, len(frames), frames.get)
+        avatar.plan.distance = thumbs.distance

@@ -38,6 +38,7 @@ from typing import Any, Generic, TypeVar
 import av
 import numpy as np
 
+from compositor.clips import ClipPlan
 from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, FrameAudio
@@ -81,10 +82,10 @@ MAX_CHUNKS_PER_JOB = 25
 @dataclass(frozen=True)
 class AvatarSwitch:
     """A switch of the call's avatar the next job applies before it steps a frame: the
-    new avatar's frame count and audio encoder, and ``apply(first)``, told the first
-    frame the new avatar shows (run in that job, off the loop)."""
+    new avatar's clip plan and audio encoder, and ``apply(first)``, told the first frame
+    the new avatar shows (run in that job, off the loop)."""
 
-    frame_count: int
+    plan: ClipPlan
     encoder: AudioEncoder | None
     apply: Callable[[int], None]
 
@@ -161,6 +162,11 @@ class AudioTimeline(Generic[T]):
         self._gate = _SpeechGate(sequencer)
         self._switch: AvatarSwitch | None = None  # to apply between two frames
         self._switch_lock = threading.Lock()
+
+    @property
+    def next_frame(self) -> int:
+        """The next frame the speech gate decides."""
+        return self._sequencer.output_index
 
     @property
     def chunks_made(self) -> int:
@@ -240,7 +246,8 @@ class AudioTimeline(Generic[T]):
             switch, self._switch = self._switch, None
             if switch is None:
                 return
-            self._sequencer.frame_count = switch.frame_count
+            self._sequencer.frame_count = switch.plan.frame_count
+            self._sequencer.plan = switch.plan
             self._features.use_encoder(switch.encoder)
             switch.apply(self._sequencer.output_index)
 
