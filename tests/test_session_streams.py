@@ -233,6 +233,8 @@ async def test_streamed_speech_is_spoken_told_and_interrupted(
         assert started["source"] == ended["source"] == "stream"
         assert started["seq"] < ended["seq"]
         assert abs(ended["duration_ms"] - len(speech) / 24) <= 25  # its whole length played
+        assert ended["interrupted"] is False
+        assert 0 < ended["played_ms"] <= ended["duration_ms"]  # (less a slot a busy loop skipped)
         assert abs(ended["media_ms"] - started["media_ms"] - ended["duration_ms"]) <= 25
         # As it played, the queue's level was told, down to empty.
         drained = await events.wait("queued_ms", queued_ms=0.0)
