@@ -227,7 +227,7 @@ async def test_a_switch_during_speech_changes_the_picture_and_keeps_the_speech(
     write_avatars(tmp_path / "avatars")
     async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
         url = f"http://127.0.0.1:{server.port}"
-        async with await lc.connect(url, "demo", receive_audio=False) as call:
+        async with await lc.connect(url, "demo") as call:
             got = Received(call)
             try:
                 listed = {a.id: a for a in await call.client.avatars()}
@@ -301,7 +301,7 @@ async def test_idle_clips_and_what_an_interrupted_utterance_played(
     write_avatars(tmp_path / "avatars")
     async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
         url = f"http://127.0.0.1:{server.port}"
-        async with await lc.connect(url, "small", receive_audio=False) as call:
+        async with await lc.connect(url, "small") as call:
             got = Received(call)
             try:
                 state = await call.state()

@@ -126,7 +126,9 @@ class Call:
             events.put(event)
 
         channel.on("message", on_message)
+        channel.on("open", self._state_changed.set)
         channel.on("close", events.close)
+        channel.on("close", self._state_changed.set)
         self._channel = channel
 
     # -- state ------------------------------------------------------------------------
@@ -139,14 +141,20 @@ class Call:
         return state
 
     async def wait_connected(self, timeout_s: float | None = None) -> None:
-        """Wait until media can flow; :class:`ConnectionFailed` if ICE or DTLS fails, the
-        call closes, or ``timeout_s`` passes."""
+        """Wait until media can flow and the events data channel (if any) is open, so no
+        event of the session is missed; :class:`ConnectionFailed` if ICE or DTLS fails,
+        the call or its channel closes, or ``timeout_s`` passes."""
         try:
             async with asyncio.timeout(timeout_s):
-                while self.connection_state != "connected":
+                while not self._ready():
                     if self.connection_state in ("failed", "closed"):
                         raise ConnectionFailed(
                             f"call {self.session_id}: the connection is {self.connection_state}",
+                            code="connection_failed",
+                        )
+                    if self._channel is not None and self._channel.readyState == "closed":
+                        raise ConnectionFailed(
+                            f"call {self.session_id}: the server closed the events data channel",
                             code="connection_failed",
                         )
                     self._state_changed.clear()
@@ -157,6 +165,12 @@ class Call:
                 f"(state {self.connection_state})",
                 code="connection_failed",
             ) from None
+
+    def _ready(self) -> bool:
+        channel = self._channel
+        return self.connection_state == "connected" and (
+            channel is None or channel.readyState == "open"
+        )
 
     @property
     def stats(self) -> CallStats:
