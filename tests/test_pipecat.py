@@ -452,13 +452,13 @@ async def test_a_pipeline_switches_the_avatar_and_its_idle_clip_mid_call(
             await tts.say(hello)
             switched = await avatar.switch_avatar("small")
             assert (switched.previous, switched.avatar, avatar.avatar) == ("demo", "small", "small")
+            frame = switched.frame
+            assert frame is not None
             changed = await until(lambda: event("avatar_changed"), "on_avatar_changed")
-            assert (changed["frame"], changed["frame_size"]) == (switched.frame, list(small))
-            await until(
-                lambda: got.video[-1].index >= switched.frame + FPS, "a second of the new avatar"
-            )
-            assert {s.size for s in got.video if s.index < switched.frame} == {(1280, 720)}
-            assert {s.size for s in got.video if s.index >= switched.frame} == {small}
+            assert (changed["frame"], changed["frame_size"]) == (frame, list(small))
+            await until(lambda: got.video[-1].index >= frame + FPS, "a second of the new avatar")
+            assert {s.size for s in got.video if s.index < frame} == {(1280, 720)}
+            assert {s.size for s in got.video if s.index >= frame} == {small}
             ended = await until(lambda: event("speech_ended"), "the utterance to end")
             assert ended["interrupted"] is False
             assert ended["played_ms"] == pytest.approx(len(hello) / RATE * 1000, abs=60)

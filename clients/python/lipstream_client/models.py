@@ -39,15 +39,16 @@ class AvatarSwitched:
 
     ``frame`` is the session's first output frame showing ``avatar`` and ``media_ms`` its
     place on the media timeline (the ``avatar_changed`` event follows when that frame is
-    sent). ``changed`` is false when the call already showed ``avatar``.
+    sent). ``changed`` is false when the call already showed ``avatar``; ``frame`` and
+    ``media_ms`` are ``None`` then.
     """
 
     session_id: str
     avatar: str
     previous: str
     changed: bool
-    frame: int
-    media_ms: float
+    frame: int | None
+    media_ms: float | None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AvatarSwitched:
@@ -56,8 +57,8 @@ class AvatarSwitched:
             avatar=str(data["avatar"]),
             previous=str(data["previous"]),
             changed=bool(data["changed"]),
-            frame=int(data["frame"]),
-            media_ms=float(data["media_ms"]),
+            frame=int(frame) if (frame := data.get("frame")) is not None else None,
+            media_ms=float(ms) if (ms := data.get("media_ms")) is not None else None,
         )
 
 

@@ -269,7 +269,7 @@ class LipstreamVideoService(AIService):
         switched = await self._live_call().switch_avatar(avatar)
         self._avatar = switched.avatar
         logger.info(
-            "%s: avatar %s -> %s from frame %d", self, switched.previous, avatar, switched.frame
+            "%s: avatar %s -> %s from frame %s", self, switched.previous, avatar, switched.frame
         )
         return switched
 
