@@ -391,7 +391,8 @@ export class Call extends EventTarget {
   /**
    * Show another avatar in this call (`POST /sessions/{id}/avatar`): resolves once its
    * model is loaded and the switch is scheduled, with `{avatar, previous, changed, frame,
-   * media_ms}` (`frame`: the first frame of the new avatar); `avatar_changed` follows
+   * media_ms}` (`frame`: the first frame of the new avatar, null when `changed` is
+   * false); `avatar_changed` follows
    * when that frame is sent, and the <video> follows a new frame size by itself. Rejects
    * with `model_not_found`, `avatar_incompatible` (another fps or audio features),
    * `avatar_switch_busy`, `no_capacity`, `shutting_down`, `model_load_failed`…: the call
