@@ -35,6 +35,8 @@ _SAMPLE = SessionSnapshot(
     av_offset_ms=-20.0,
     bitrate_bps=None,
     app_audio=AppAudioState(speaking=True, utterances=3, audio_stream=True, event_listeners=2),
+    idle_clip="thinking",
+    clips=["idle", "listening", "thinking"],
 )
 
 

@@ -37,6 +37,7 @@ from web.schemas import (
     HungUp,
     IceServer,
     Interrupted,
+    PlayedUtterance,
     Queued,
     Say,
     SessionState,
@@ -122,8 +123,12 @@ async def say(request: web.Request) -> web.Response:
 async def interrupt(request: web.Request) -> web.Response:
     """Drop a session's queued audio and frames."""
     session = _session(request)
-    dropped, utterances = session.interrupt()
-    interrupted = Interrupted(dropped_ms=round(dropped * 1000, 1), utterances=utterances)
+    dropped, played = session.interrupt()
+    interrupted = Interrupted(
+        dropped_ms=round(dropped * 1000, 1),
+        utterances=[p["utterance"] for p in played],
+        played=[PlayedUtterance(**p) for p in played],
+    )
     return web.json_response(interrupted.dump())
 
 

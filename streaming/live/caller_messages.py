@@ -28,6 +28,10 @@ class CallerMessages:
         self._control = control
         self.session: Interruptible | None = None
 
+    def bind(self, session: Interruptible) -> None:
+        """The call exists: its messages act on ``session`` from now on."""
+        self.session = session
+
     def answer(self, message: object, reply: Reply) -> None:
         session = self.session
         if session is None:

@@ -47,7 +47,7 @@ from streaming.live.reporting import (
 )
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.snapshot import BufferedMedia
-from streaming.live.speech import SpeechEvents
+from streaming.live.speech import Played, SpeechEvents
 from streaming.live.timeline import AudioTimeline, AvatarSwitch
 from streaming.live.workers import Offload
 from streaming.webrtc.pacing import SessionClock
@@ -184,10 +184,10 @@ class LivePipeline:
                 if frame.step.infer:  # else the video track shows the raw frame itself
                     renderer.submit(frame.step, frame.item, frame.started)
 
-    def interrupt(self) -> tuple[float, list[int]]:
+    def interrupt(self) -> tuple[float, list[Played]]:
         """Drop queued audio and frames: the avatar is idle from the next frame on, and
         ``interrupted`` tells which utterances were cut, after each one's ``speech_ended``.
-        Returns the seconds of queued audio dropped and those utterances."""
+        Returns the seconds of queued audio dropped and what each of them played."""
         cut = self.mixer.utterances.unended()  # before the timeline drops them
         dropped, _ = self.timeline.interrupt()
         self.renderer.cancel()
@@ -200,7 +200,7 @@ class LivePipeline:
             dropped,
             utterances,
         )
-        return dropped, utterances
+        return dropped, played
 
     @property
     def sharing(self) -> IdleSharing | None:

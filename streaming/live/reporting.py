@@ -276,6 +276,10 @@ class SessionReport:
             list(abandoned),
         )
 
+    def show(self, avatar_id: str) -> None:
+        """The call shows ``avatar_id`` from now on (a switch)."""
+        self.avatar_id = avatar_id
+
     def snapshot(
         self,
         *,
@@ -290,6 +294,8 @@ class SessionReport:
         inbound_skipped_ms: float,
         bitrate_bps: int | None,
         app_audio: AppAudioState,
+        idle_clip: str = "idle",
+        clips: list[str] | None = None,
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
         media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
@@ -321,4 +327,6 @@ class SessionReport:
             av_offset_ms=offset_ms,
             bitrate_bps=bitrate_bps,
             app_audio=app_audio,
+            idle_clip=idle_clip,
+            clips=clips if clips is not None else ["idle"],
         )

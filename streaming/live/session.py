@@ -37,7 +37,7 @@ from streaming.live.events import SessionEvents
 from streaming.live.pipeline import CallResources, LivePipeline
 from streaming.live.reporting import DelayBudget, SessionReport, SessionStats
 from streaming.live.snapshot import SessionSnapshot
-from streaming.live.speech import SpeechEvents
+from streaming.live.speech import Played, SpeechEvents
 from streaming.live.tasks import StageTasks
 from streaming.live.watchdogs import (
     PEER_CHECK_S,
@@ -143,7 +143,7 @@ class Session:
         session = cls(
             session_id, pipeline, peer, app_audio, events, tasks, report, on_closed=on_closed
         )
-        messages.session = session
+        messages.bind(session)
         return session
 
     # -- what a call is now ---------------------------------------------------------
@@ -228,14 +228,17 @@ class Session:
             inbound_skipped_ms=mixer.inbound_skipped_ms,
             bitrate_bps=self.peer.target_bitrate_bps,
             app_audio=self.app_audio.state(),
+            idle_clip=self.pipeline.idle_clip,
+            clips=self.pipeline.clips,
         )
 
     # -- control --------------------------------------------------------------------
 
-    def interrupt(self) -> tuple[float, list[int]]:
+    def interrupt(self) -> tuple[float, list[Played]]:
         """Drop queued audio and frames: the avatar is idle from the next frame on.
 
-        Returns the seconds of queued audio dropped and the utterances cut short.
+        Returns the seconds of queued audio dropped and how much of each utterance it cut
+        short the caller was sent (``played_ms``).
         """
         return self.pipeline.interrupt()
 
@@ -303,7 +306,7 @@ class Session:
             self._tasks.spawn("switch", release_after(outgoing, waiting))
 
         first = await self.pipeline.switch_avatar(avatar, on_shown=shown, on_retired=retired)
-        self.report.avatar_id = avatar.avatar_id
+        self.report.show(avatar.avatar_id)
         self._tasks.spawn("preload", _preload(avatar, executor))
         if avatar.sharing is not None:
             avatar.sharing.prepare()

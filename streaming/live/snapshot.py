@@ -86,6 +86,8 @@ class SessionSnapshot:
     av_offset_ms: float | None  # next audio chunk's time - next video frame's time
     bitrate_bps: int | None  # the video encoder's target bitrate, once it exists
     app_audio: AppAudioState
+    idle_clip: str  # the clip the avatar plays while silent
+    clips: list[str]  # every idle clip the avatar has
 
 
 @dataclass(frozen=True)

@@ -270,6 +270,8 @@ class SessionState(ResponseModel):
         description="The video encoder's target bitrate, once it exists."
     )
     app_audio: AppAudio
+    idle_clip: str = Field(description="The clip the avatar plays while silent.")
+    clips: list[str] = Field(description="Every idle clip the avatar has (`POST .../idle`).")
 
 
 class HungUp(ResponseModel):
