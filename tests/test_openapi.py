@@ -388,7 +388,11 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
         )
         assert same.json()["changed"] is False
         clip = await check(
-            "POST", "/sessions/{session_id}/idle", 200, path=f"{session}/idle", json={"clip": "idle"}
+            "POST",
+            "/sessions/{session_id}/idle",
+            200,
+            path=f"{session}/idle",
+            json={"clip": "idle"},
         )
         assert clip.json()["clips"] == ["idle"]
         unknown = await check(
