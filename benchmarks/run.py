@@ -4,7 +4,7 @@
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
 protocols, frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
-margin, cluster, voice_agent, conversation, gpu (CUDA only: elsewhere it says why it
+margin, cluster, voice_agent, conversation, avatar_switch, gpu (CUDA only: elsewhere it says why it
 measured nothing).
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
 depend on the machine and its load: compare figures from one run.
@@ -36,6 +36,7 @@ BENCHMARKS = (
     "voice_agent",
     "conversation",
     "gpu",
+    "avatar_switch",
 )
 
 

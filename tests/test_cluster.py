@@ -171,6 +171,15 @@ async def test_calls_are_placed_by_model_then_room_and_controlled_through_the_fr
         assert said.status == 202, await said.text()
         interrupted = await front.post(f"/sessions/{other.session_id}/interrupt")
         assert interrupted.status == 200, await interrupted.text()
+        # A switch of avatar goes to the worker holding the call, which loads the model.
+        switched = await front.post(
+            f"/sessions/{other.session_id}/avatar", json={"avatar": "alice"}
+        )
+        assert switched.status == 200, await switched.text()
+        assert (await switched.json())["previous"] == "bob"
+        moved = await (await front.get(f"/sessions/{other.session_id}")).json()
+        assert moved["avatar"] == "alice"
+        await other.wait_for_frames(len(other.received.video_times) + 25)  # it streams on
 
         # The microphone call is lip-synced through its worker.
         async def spoken() -> dict[str, Any] | None:

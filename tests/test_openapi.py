@@ -420,7 +420,7 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
         await check(method, template, 404, path=f"{session}{suffix}", json={"text": "hi"})
 
     avatars = (await check("GET", "/avatars", 200)).json()
-    assert avatars == {"avatars": [{"id": "alice", "name": "test"}]}
+    assert avatars == {"avatars": [{"id": "alice", "name": "test", "clips": ["idle"]}]}
     config = (await check("GET", "/webrtc-config", 200)).json()
     assert config["iceServers"] == []
     assert config["delay"]["server_ms"] > 0  # tests/test_delay_budget.py checks the figures

@@ -290,7 +290,8 @@ async def test_unanswered_call_times_out_and_unused_tracks_stay_bounded(
             await ghost.close()
             await video_only.hang_up()
         names = await (await client.get("/avatars")).json()
-        assert names == {"avatars": [{"id": "demo", "name": "Demo avatar (procedural stand-in)"}]}
+        demo = {"id": "demo", "name": "Demo avatar (procedural stand-in)", "clips": ["idle"]}
+        assert names == {"avatars": [demo]}
 
 
 async def test_bad_requests_to_sessions(client: TestClient[object, object]) -> None:

@@ -22,7 +22,8 @@ DOOR = web.AppKey("inference_door", InferenceDoor)
 SESSIONS = web.AppKey("sessions", SessionManager)
 TTS = web.AppKey("tts", TtsEngine)
 # Display names by avatar id; at most one entry per registered avatar.
-AVATAR_NAMES = web.AppKey("avatar_names", dict[str, str])
+#: Each avatar's display name and idle clips, read once from its manifest (``GET /avatars``).
+AVATAR_NAMES = web.AppKey("avatar_names", dict[str, tuple[str, list[str]]])
 # The Prometheus registry GET /metrics serves (web.metrics.add_metrics_routes).
 METRICS = web.AppKey("metrics", CollectorRegistry)
 

@@ -133,15 +133,18 @@ async def interrupt(request: web.Request) -> web.Response:
 
 
 async def avatars(request: web.Request) -> web.Response:
-    """Avatars a client may ask for, with their display names (read once, then cached)."""
+    """Avatars a client may ask for, with their display names and idle clips (read once,
+    then cached)."""
     names = request.app[AVATAR_NAMES]
     core = request.app[CORE]
     ids = core.model_ids()
     missing = [avatar_id for avatar_id in ids if avatar_id not in names]
     if missing:
-        found = await asyncio.to_thread(lambda: {i: core.display_name(i) for i in missing})
+        found = await asyncio.to_thread(
+            lambda: {i: (core.display_name(i), core.clip_names(i)) for i in missing}
+        )
         names.update(found)
-    listed = Avatars(avatars=[Avatar(id=i, name=names[i]) for i in ids])
+    listed = Avatars(avatars=[Avatar(id=i, name=names[i][0], clips=names[i][1]) for i in ids])
     return web.json_response(listed.dump())
 
 

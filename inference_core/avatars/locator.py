@@ -85,6 +85,20 @@ class AvatarLocator:
         name = raw.get("name") if isinstance(raw, dict) else None
         return name if isinstance(name, str) and name else avatar_id
 
+    def clip_names(self, avatar_id: str) -> list[str]:
+        """The idle clips the manifest names, ``idle`` always among them (sorted); just
+        ``idle`` when the package has none or cannot be read. Reads only the manifest."""
+        builtin = self.builtin.get(avatar_id)
+        if builtin is not None and not (self.root / avatar_id).exists():
+            return ["idle"]
+        try:
+            raw = json.loads((self.locate(avatar_id) / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError, AvatarError):
+            return ["idle"]
+        clips = raw.get("clips") if isinstance(raw, dict) else None
+        names = [name for name in clips if isinstance(name, str)] if isinstance(clips, dict) else []
+        return sorted({"idle", *names})
+
     def list_ids(self) -> list[str]:
         """Ids of every package under the root (manifest present), plus the built-in ones."""
         ids = set(self.builtin)

@@ -180,6 +180,10 @@ class InferenceCore:
         """The avatar's display name (reads its manifest: call it off the event loop)."""
         return self.registry.locator.display_name(model_id)
 
+    def clip_names(self, model_id: str) -> list[str]:
+        """The avatar's idle clips (reads its manifest: call it off the event loop)."""
+        return self.registry.locator.clip_names(model_id)
+
     async def load(self, model_id: str, device: int | None = None) -> None:
         """Load ``model_id`` now (on ``device`` if given) without holding it.
 

@@ -317,6 +317,9 @@ class Interrupted(ResponseModel):
 class Avatar(ResponseModel):
     id: AvatarId = Field(description="Pass as `avatar` in `POST /offer`.")
     name: str = Field(description="Display name.")
+    clips: list[str] = Field(
+        description="Its idle clips, sorted (`POST /sessions/{id}/idle`); `idle` always."
+    )
 
 
 class Avatars(ResponseModel):
