@@ -17,6 +17,7 @@ _SAMPLE = SessionSnapshot(
     frames_shared=0,
     frames_encoded=0,
     frames_skipped=2,
+    audio_skipped=1,
     frames_dropped={"not_ready": 3, "DeadlineExceededError": 1},
     delay_ms=532.5,
     lookahead_ms=452.5,

@@ -174,7 +174,10 @@ async def test_the_demo_page_switches_avatar_and_idle_clip_during_a_call(
         events = await _events(page)
         ended = next(e for e in events if e["type"] == "speech_ended" and e["utterance"] == sample)
         assert ended["interrupted"] is True
-        assert 900 <= ended["played_ms"] <= queued["duration_ms"] - 500
+        # Part of it was played, not all: how much exactly against what the caller's
+        # track received is tests/test_playback_positions.py's (decoded frames here are
+        # not a clock: a browser catching up decodes 25 frames in much less than 1 s).
+        assert 0 < ended["played_ms"] < queued["duration_ms"]
         await expect(page.locator("#event-log")).to_contain_text("played")
 
         async with page.expect_response(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from compositor.background_cache import AvatarFrames, BackgroundCache
+from compositor.clips import ClipPlan
 from compositor.sequencer import FrameStep, bounce_index
 from inference_core.avatars.package import AvatarPackage
 from inference_core.exceptions import DeadlineExceededError, QueueFullError
@@ -140,7 +141,14 @@ def rig(package: AvatarPackage) -> Rig:
     failures: list[tuple[str, BaseException]] = []
     renderer = FrameRenderer(
         "session-1",
-        CallAvatar(model, frames, FramePipeline(package, frames), None, None),  # type: ignore[arg-type]
+        CallAvatar(
+            model,  # type: ignore[arg-type]
+            frames,
+            FramePipeline(package, frames),
+            None,
+            None,
+            ClipPlan(package.frame_count),
+        ),
         InlineExecutor(),
         schedule,
         buffers,

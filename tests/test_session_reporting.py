@@ -123,6 +123,9 @@ def _snapshot(report: SessionReport, **changes: object) -> SessionSnapshot:
         "inbound_skipped_ms": 140.04,
         "bitrate_bps": 900_000,
         "app_audio": IDLE,
+        "idle_clip": "thinking",
+        "clips": ["idle", "thinking"],
+        "audio_skipped": 3,
     }
     values.update(changes)
     return report.snapshot(**values)  # type: ignore[arg-type]
@@ -169,6 +172,9 @@ def test_snapshot_fields() -> None:
         av_offset_ms=20.0,  # audio at 10.10 s, video at 10.08 s
         bitrate_bps=900_000,
         app_audio=IDLE,
+        idle_clip="thinking",
+        clips=["idle", "thinking"],
+        audio_skipped=3,
     )
     report.stats.drop("late")
     assert snap.frames_dropped == {"late": 3}  # a copy, not the live counters

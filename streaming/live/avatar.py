@@ -16,7 +16,8 @@ import asyncio
 from dataclasses import dataclass
 
 from compositor.background_cache import AvatarFrames
-from compositor.clips import ClipPlan
+from compositor.clips import SPEAKING, ClipPlan
+from compositor.frame_similarity import FrameThumbnails
 from config.settings import Settings
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
@@ -24,6 +25,7 @@ from inference_core.serving.handle import ModelHandle
 from streaming.frame_pipeline import FramePipeline
 from streaming.idle_loops import IdleLoopCache, LoopKey
 from streaming.live.idle_sharing import IdleSharing, rung_keys
+from streaming.live.workers import Offload
 from streaming.webrtc.video_encoder import EncoderFactory
 
 
@@ -142,3 +144,14 @@ def _idle_sharing(
     )
     keys = rung_keys(base, video.idle_bitrate_rungs)
     return IdleSharing(idle_loops, keys, frames.get, fps, plan.loop_position)
+
+
+async def preload(avatar: CallAvatar, executor: Offload) -> None:
+    """Decode the avatar's background frames into the cache while ICE connects, then
+    its thumbnails: the clip plan enters a clip at the frame nearest the one shown."""
+    frames = avatar.frames
+    for index in range(len(frames)):
+        await executor.run(frames.get, index)
+    if len(avatar.plan.clips) > 1 or SPEAKING in avatar.plan.clips:
+        thumbs = await executor.run(FrameThumbnails.build, len(frames), frames.get)
+        avatar.plan.distance = thumbs.distance

@@ -296,6 +296,7 @@ class SessionReport:
         app_audio: AppAudioState,
         idle_clip: str = "idle",
         clips: list[str] | None = None,
+        audio_skipped: int = 0,
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
         media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
@@ -315,6 +316,7 @@ class SessionReport:
             frames_shared=self.stats.frames_shared,
             frames_encoded=self.stats.frames_encoded,
             frames_skipped=frames_skipped,
+            audio_skipped=audio_skipped,
             frames_dropped=dict(self.stats.frames_dropped),
             delay_ms=round(self.delay_s * 1000, 1),
             lookahead_ms=self.lookahead_ms,

@@ -26,12 +26,10 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from compositor.clips import SPEAKING
-from compositor.frame_similarity import FrameThumbnails
 from inference_core.serving.handle import ModelHandle
 from streaming.exceptions import AvatarSwitchBusyError, SessionNotFoundError
 from streaming.live.app_audio import AppAudio
-from streaming.live.avatar import AvatarSwitched, CallAvatar, release_after
+from streaming.live.avatar import AvatarSwitched, CallAvatar, preload, release_after
 from streaming.live.caller_messages import CallerMessages
 from streaming.live.events import SessionEvents
 from streaming.live.pipeline import CallResources, LivePipeline
@@ -230,6 +228,7 @@ class Session:
             app_audio=self.app_audio.state(),
             idle_clip=self.pipeline.idle_clip,
             clips=self.pipeline.clips,
+            audio_skipped=sent.audio_skipped,
         )
 
     # -- control --------------------------------------------------------------------
@@ -307,7 +306,7 @@ class Session:
 
         first = await self.pipeline.switch_avatar(avatar, on_shown=shown, on_retired=retired)
         self.report.show(avatar.avatar_id)
-        self._tasks.spawn("preload", _preload(avatar, executor))
+        self._tasks.spawn("preload", preload(avatar, executor))
         if avatar.sharing is not None:
             avatar.sharing.prepare()
         logger.info(
@@ -372,7 +371,7 @@ def _start(
     tasks.spawn("watchdog", peer_gone(peer, session_id))
     if session.idle_timeout_s > 0:
         tasks.spawn("watchdog", went_idle(activity, session.idle_timeout_s, session_id))
-    tasks.spawn("preload", _preload(avatar, shared.executor))
+    tasks.spawn("preload", preload(avatar, shared.executor))
     if pipeline.sharing is not None:
         pipeline.sharing.prepare()  # the avatar's idle loop, built once in the background
 
@@ -390,14 +389,3 @@ def _report(
         fps=pipeline.fps,
         stats=pipeline.stats,
     )
-
-
-async def _preload(avatar: CallAvatar, executor: Offload) -> None:
-    """Decode the avatar's background frames into the cache while ICE connects, then
-    its thumbnails: the clip plan enters a clip at the frame nearest the one shown."""
-    frames = avatar.frames
-    for index in range(len(frames)):
-        await executor.run(frames.get, index)
-    if len(avatar.plan.clips) > 1 or SPEAKING in avatar.plan.clips:
-        thumbs = await executor.run(FrameThumbnails.build, len(frames), frames.get)
-        avatar.plan.distance = thumbs.distance

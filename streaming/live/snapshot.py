@@ -74,6 +74,7 @@ class SessionSnapshot:
     frames_shared: int  # sent from the avatar's shared encoded idle loop
     frames_encoded: int  # encoded by the call's own encoder
     frames_skipped: int  # send slots skipped because the track fell behind
+    audio_skipped: int  # 20 ms audio slots skipped because the audio track fell behind
     frames_dropped: dict[str, int]  # by reason: not_ready, late, overload, an error name
     delay_ms: float  # configured: lookahead + one audio tick + pipeline margin
     lookahead_ms: float

@@ -131,6 +131,7 @@ class SentMedia:
     frames_skipped: int
     video_next: int
     audio_next: int | None
+    audio_skipped: int = 0  # 20 ms audio slots skipped because the track fell behind
 
 
 def transport_packets(stats: Iterable[Any]) -> int:
@@ -333,6 +334,7 @@ class Peer:
             frames_skipped=video.frames_skipped,
             video_next=video.next_index,
             audio_next=audio.next_index if sends_audio and audio is not None else None,
+            audio_skipped=audio.chunks_skipped if audio is not None else 0,
         )
 
     # -- lifetime ---------------------------------------------------------------------

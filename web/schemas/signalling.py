@@ -240,6 +240,9 @@ class SessionState(ResponseModel):
     )
     frames_encoded: Count = Field(description="Frames encoded by this call's own encoder.")
     frames_skipped: Count = Field(description="Send slots skipped because the track fell behind.")
+    audio_skipped: Count = Field(
+        description="20 ms audio slots skipped because the audio track fell behind."
+    )
     frames_dropped: Counts = Field(
         description="Frames shown idle instead of lip-synced, by reason (`late`, "
         "`overload`, `not_ready`, or an error's name)."
