@@ -4,7 +4,7 @@
 
 A server in this process (``live_server``) and a load client in another process making
 ``CALLS`` calls to avatar ``a`` (the demo avatar at 640x360), each speaking the bundled
-speech pushed over HTTP, so the server is busy with live calls the whole time. One of
+speech as its microphone (looped), so the server is busy with live calls the whole time. One of
 those calls is switched, over HTTP from this process (``POST /sessions/{id}/avatar``):
 
 1. **loaded**: between ``a`` and ``b`` (another face at 448x336), both models loaded;
@@ -13,9 +13,11 @@ those calls is switched, over HTTP from this process (``POST /sessions/{id}/avat
 
 For each switch: request to response (the switch scheduled), and request to the first
 frame of the new avatar handed to the call's video track (``LivePipeline.sent`` of the
-switch's first frame, the moment ``avatar_changed`` goes out). That frame is one the
-speech gate decides after the request, so it goes out a session delay later (the
-configured delay, ``delay_ms`` in the table): the floor of the figure, as for any frame.
+switch's first frame, the moment ``avatar_changed`` goes out). That frame is the next
+one the speech gate decides after the request; frames are decided a lookahead after
+their audio and sent a session delay after it, so it goes out about the delay less the
+lookahead later (the pipeline margin and a tick, 60 ms by default): the floor of the
+figure.
 
 CPU: the server process's CPU seconds per second of wall time over a window of the
 same calls before the switches and again after all of them, the switched call back on
@@ -94,13 +96,15 @@ async def _measure(root: Path, switches: int, window_s: float) -> Result:
     write_demo_avatar(avatars / "b", size=(448, 336), seed=7)
     for i in range(switches):
         write_demo_avatar(avatars / f"c{i}", size=(448, 336), seed=10 + i)
-    speech = write_speech(root / "speech.wav", 600)
+    speech = write_speech(root / "speech.wav", 20)
     seconds = 3 * window_s + switches * 4 + 30
     settings: dict[str, object] = {
         "avatars": {"root": str(avatars), "data_dir": str(root / "data"), "demo": False}
     }
     async with live_server(root, settings) as (app, url):
-        client = await start_load(url, calls=CALLS, seconds=seconds, speech=speech, avatar="a")
+        client = await start_load(
+            url, calls=CALLS, seconds=seconds, speech=speech, avatar="a", microphone=True
+        )
         try:
             live = await wait_for_calls(app, CALLS, lambda s: s.frames_sent > 50)
             manager: SessionManager = app[SESSIONS]
@@ -121,7 +125,8 @@ async def _measure(root: Path, switches: int, window_s: float) -> Result:
             after = await _cpu_per_s(window_s)
             dropped = {s.session_id[:8]: dict(s.stats.frames_dropped) for s in manager.sessions}
         finally:
-            client.kill()
+            if client.returncode is None:
+                client.kill()
             await client.wait()
     return {
         "calls": CALLS,
@@ -131,6 +136,7 @@ async def _measure(root: Path, switches: int, window_s: float) -> Result:
         "cpu_per_s_before": round(before, 3),
         "cpu_per_s_after": round(after, 3),
         "cpu_ratio": round(after / before, 3),
+        "switched_call": session.session_id[:8],
         "frames_dropped": dropped,
     }
 
@@ -172,6 +178,10 @@ def run(quick: bool = False) -> Result:
         ["model", "switches", "response p50 ms", "p95", "first frame p50 ms", "p95"],
         rows,
     )
+    switched = result["switched_call"]
+    for call, drops in result["frames_dropped"].items():
+        mark = " (the switched call)" if call == switched else ""
+        print(f"  frames dropped, call {call}{mark}: {drops}")
     print(
         f"  server CPU per second: {result['cpu_per_s_before']} before, "
         f"{result['cpu_per_s_after']} after the switches (ratio {result['cpu_ratio']})"

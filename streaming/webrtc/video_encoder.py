@@ -150,7 +150,8 @@ class LipstreamH264Encoder(H264Encoder):
 
     def _open(self, width: int, height: int) -> VideoCodecContext:
         if (width, height) != (self._config.width, self._config.height):
-            logger.warning(
+            # A call that switched to an avatar of another size (docs/architecture.md §18).
+            logger.info(
                 "video frames are %dx%d, the encoder was configured for %dx%d; re-opening",
                 width,
                 height,
