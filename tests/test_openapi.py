@@ -624,6 +624,8 @@ async def test_admin_routes_answer_as_documented(check: Conformance) -> None:
         assert [s["id"] for s in sessions] == [sid]
         stats = (await check("GET", "/admin/stats", 200)).json()
         assert stats["global"]["live_sessions"] == 1
+        history = (await check("GET", "/admin/history", 200)).json()
+        assert ("server", "live_sessions") in {(s["scope"], s["name"]) for s in history["series"]}
         unload = "/admin/models/{model_id}/unload"
         await check("POST", unload, 409, path="/admin/models/alice/unload")  # the session holds it
         end = "/admin/sessions/{session_id}"

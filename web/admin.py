@@ -7,6 +7,7 @@
     POST   /admin/avatars/import          AvatarImportRequest → 201 ImportedAvatar
     GET    /admin/stats                   {"models", "devices", "cache", "global"}
     GET    /admin/sessions                {"sessions": [SessionInfo...]}
+    GET    /admin/history                 History: the charts' series (web/history.py)
     DELETE /admin/sessions/{id}           {"session_id", "state": "closed"}
 
 Every route goes through :func:`web.admin_auth.admin_only`. Library errors map to
@@ -39,11 +40,13 @@ from inference_core.importers import (
     synctalk2d,
     write_package,
 )
-from inference_core.serving.snapshot import DeviceSnapshot, ModelSnapshot
+from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot, ModelSnapshot
+from streaming.live.snapshot import SessionsSnapshot
 from web.admin_auth import admin_only
 from web.app_keys import CORE, SESSIONS, SETTINGS, STARTED_AT
 from web.errors import RequestError
 from web.health import health, ready
+from web.history import History, HistorySampler
 from web.request_body import parse_body, read_limited
 from web.schemas import (
     AvatarImportRequest,
@@ -51,6 +54,7 @@ from web.schemas import (
     Device,
     DeviceKind,
     Global,
+    HistorySeries,
     HungUp,
     IdleLoops,
     ImportedAvatar,
@@ -62,11 +66,13 @@ from web.schemas import (
     Stats,
     Worker,
 )
+from web.schemas import History as HistoryBody
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_LOAD_BODY = 1024
 MAX_IMPORT_BODY = 4096
 IMPORT_LOCK = web.AppKey("import_lock", asyncio.Lock)
+HISTORY = web.AppKey("admin_history", History)
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -315,6 +321,21 @@ async def list_sessions(request: web.Request) -> web.Response:
     return web.json_response(Sessions(sessions=infos).dump())
 
 
+async def history(request: web.Request) -> web.Response:
+    """The sampled series the admin page charts."""
+    kept = request.app[HISTORY]
+    body = HistoryBody(
+        interval_s=kept.interval_s,
+        points=kept.points,
+        max_series=kept.max_series,
+        series=[
+            HistorySeries(scope=scope, subject=subject, name=name, t=list(s.t), v=list(s.v))
+            for (scope, subject, name), s in kept.items()
+        ],
+    )
+    return web.json_response(body.dump())
+
+
 async def hang_up(request: web.Request) -> web.Response:
     """End a live session (404 if there is none with that id)."""
     session_id = request.match_info["session_id"]
@@ -333,7 +354,15 @@ def add_admin_routes(app: web.Application) -> None:
     async def admin_state(app: web.Application) -> AsyncIterator[None]:
         app[STARTED_AT] = time.monotonic()
         app[IMPORT_LOCK] = asyncio.Lock()  # one import at a time
+        app[HISTORY] = History()
+
+        async def read() -> tuple[CoreSnapshot, SessionsSnapshot]:
+            return await app[CORE].snapshot(), app[SESSIONS].snapshot()
+
+        sampler = HistorySampler(app[HISTORY], read)
+        sampler.start()
         yield
+        await sampler.stop()
 
     app.cleanup_ctx.append(admin_state)
     router = app.router
@@ -346,4 +375,5 @@ def add_admin_routes(app: web.Application) -> None:
     router.add_post("/admin/avatars/import", admin_only(import_avatar))
     router.add_get("/admin/stats", admin_only(stats))
     router.add_get("/admin/sessions", admin_only(list_sessions))
+    router.add_get("/admin/history", admin_only(history))
     router.add_delete("/admin/sessions/{session_id}", admin_only(hang_up))

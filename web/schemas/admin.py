@@ -202,3 +202,26 @@ class ImportedAvatar(ResponseModel):
         description="False for a fixed batch of 1: it works, without cross-session batching."
     )
     notes: list[str] = Field(description="What the operator should know about the import.")
+
+
+class HistorySeries(ResponseModel):
+    """One figure over time: ``t`` and ``v`` are parallel, oldest first."""
+
+    scope: Literal["device", "session", "server"]
+    subject: str = Field(description="The device name, the session id, or `server`.")
+    name: str = Field(
+        description="device: `busy_share`, `queue_depth`, `mean_batch`; session: `fps`, "
+        "`delay_p95_ms`, `dropped`, `dropped:<reason>`; server: `live_sessions`, "
+        "`speaking_sessions`, `cpu_ms_per_frame`, `shared_fps`, `encoded_fps`."
+    )
+    t: list[float] = Field(description="Sample times, Unix seconds.")
+    v: list[float] = Field(description="The values at those times.")
+
+
+class History(ResponseModel):
+    """The admin page's charts: a bounded in-process history sampled every `interval_s`."""
+
+    interval_s: NonNegative
+    points: Count = Field(description="The most points a series keeps.")
+    max_series: Count = Field(description="The most series kept.")
+    series: list[HistorySeries]

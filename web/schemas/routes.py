@@ -16,6 +16,7 @@ from types import MappingProxyType
 from streaming.audio_in.push import SUPPORTED_TYPES
 from web.schemas.admin import (
     AvatarImportRequest,
+    History,
     ImportedAvatar,
     LoadRequest,
     Model,
@@ -584,6 +585,18 @@ ADMIN_OPERATIONS = (
         "admin",
         "Models, devices, the background cache and server-wide totals",
         (Reply(200, "One snapshot.", Stats),),
+        access="admin",
+    ),
+    Operation(
+        "history",
+        "get",
+        "/admin/history",
+        "admin",
+        "The last minutes of the device, session and server figures, for charts",
+        (Reply(200, "Every series kept.", History),),
+        description="Sampled in the process every `interval_s` from the same snapshots as "
+        "`/admin/stats` and `/admin/sessions`; each series keeps at most `points` points, "
+        "and a series that gets no point for that long (an ended session) is dropped.",
         access="admin",
     ),
     Operation(
