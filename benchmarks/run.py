@@ -1,6 +1,6 @@
 """Run the lipstream benchmark suite: one table per benchmark, PASS/MISS per target.
 
-    .venv/bin/python -m benchmarks.run [--quick] [--json out.json] [--only NAME ...]
+    .venv/bin/python -m benchmarks.run [--quick] [--json out.json [--plots]] [--only NAME ...]
 
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
 protocols, frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
@@ -8,6 +8,11 @@ margin, cluster, voice_agent, conversation, avatar_switch, gpu (CUDA only: elsew
 measured nothing).
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
 depend on the machine and its load: compare figures from one run.
+
+``--plots`` (with ``--json``) also draws the figures of ``benchmarks.plots`` as SVG files
+next to the JSON; it is a flag, not the default, because matplotlib is an optional extra
+(``pip install 'lipstream[plots]'``): without it the run still writes its JSON and says
+what to install. ``python -m benchmarks.plots results.json`` plots an earlier run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Result, machine
+from benchmarks.plots import PlotsUnavailableError, write_plots
 
 BENCHMARKS = (
     "core_throughput",
@@ -45,7 +51,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter runs, noisier figures")
     parser.add_argument("--json", type=Path, help="write every result to this file")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME")
+    parser.add_argument(
+        "--plots", action="store_true", help="also write SVG figures next to the --json file"
+    )
     args = parser.parse_args()
+    if args.plots and not args.json:
+        parser.error("--plots writes next to the results: give --json too")
     logging.basicConfig(level=logging.WARNING)
     info = machine()
     print(
@@ -70,6 +81,19 @@ def main() -> None:
         print(f"  {verdict}  {name}: {t['name']} = {t['value']} (target {t['op']} {t['limit']})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
+    if args.plots:
+        _plot(args.json)
+
+
+def _plot(results_json: Path) -> None:
+    """Figures from the JSON just written (its keys as a later re-plot will read them)."""
+    try:
+        written = write_plots(json.loads(results_json.read_text()), results_json.parent)
+    except PlotsUnavailableError as exc:
+        print(f"\nno plots: {exc}")
+        return
+    for path in written:
+        print(f"  plot: {path}")
 
 
 if __name__ == "__main__":
