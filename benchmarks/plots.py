@@ -239,6 +239,8 @@ def _served_raw(figure: Figure, result: Mapping[str, Any]) -> None:
         title="Raw session.run per batch size",
     )
     sweep.set_xticks([b for b, _ in batches], [str(b) for b, _ in batches])
+    sweep.minorticks_off()  # log-scale minor labels such as "3 x 10^0" only clutter
+    ratio.set_xticks(sessions, [str(s) for s in sessions])
     ratio.set(
         xlabel="sessions (served batch = mean of the queue)",
         ylabel="served / raw (median round)",
@@ -273,8 +275,6 @@ def _gpu(figure: Figure, result: Mapping[str, Any]) -> None:
         ys = [float(r["ratio"]) for _, r in rows]
         ratio.plot(batches, ys, marker="o", color=f"C{i}", label=precision)
         _label_points(ratio, batches, ys, ".3f")
-        rates.set_xticks(batches, [str(b) for b in batches])
-        ratio.set_xticks(batches, [str(b) for b in batches])
     limits = {t["limit"] for t in result.get("targets", [])}
     for limit in sorted(limits):
         ratio.axhline(limit, color="red", linewidth=0.8, linestyle=":", label=f"target {limit:g}")
@@ -288,6 +288,7 @@ def _gpu(figure: Figure, result: Mapping[str, Any]) -> None:
     ratio.set(xscale="log", xlabel="batch size", ylabel="served / raw", title="Served / raw")
     for axes in (rates, ratio):
         axes.minorticks_off()
+        axes.set_xticks(batches, [str(b) for b in batches])  # after the scale, which resets them
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
 
