@@ -92,6 +92,8 @@ def _plot(results_json: Path) -> None:
     except PlotsUnavailableError as exc:
         print(f"\nno plots: {exc}")
         return
+    if not written:
+        print("\nno plots: none of the benchmarks run has a figure (benchmarks/plots.py)")
     for path in written:
         print(f"  plot: {path}")
 
