@@ -20,7 +20,8 @@ Bounded twice: a series keeps at most ``points`` points (a ring), and the histor
 at most ``max_series`` series. A series that gets no new point (a session that ended, a
 device gone) is dropped once its last point is older than the window
 (``points * interval_s``); past the cap, the series whose last point is oldest (the
-longest-ended) go first, so live series are the last to be dropped.
+longest-ended) go first, so live series are the last to be dropped, and of those,
+sessions' before the devices' and the server's.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ MAX_SERIES = 512
 
 Scope = Literal["device", "session", "server"]
 SeriesKey = tuple[Scope, str, str]  # scope, subject, name
+_SCOPE_RANK: dict[Scope, int] = {"session": 0, "device": 1, "server": 2}
 
 
 @dataclass
@@ -114,9 +116,15 @@ class History:
             del self._series[key]
         excess = len(self._series) - self.max_series
         if excess > 0:
-            oldest = sorted(self._series, key=lambda k: self._series[k].last_t)[:excess]
-            for key in oldest:
+            for key in sorted(self._series, key=self._keep_order)[:excess]:
                 del self._series[key]
+
+    def _keep_order(self, key: SeriesKey) -> tuple[float, int, int]:
+        # The oldest last point goes first; at the same time, sessions before devices and
+        # the server, and the newest series (fewest points) first, so that past the cap
+        # the series kept stay the same ones instead of being replaced every sample.
+        series = self._series[key]
+        return series.last_t, _SCOPE_RANK[key[0]], len(series.t)
 
     def items(self) -> list[tuple[SeriesKey, Series]]:
         """Every series, sorted by key (scope, subject, name)."""

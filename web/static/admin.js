@@ -1,7 +1,8 @@
-// The admin page: polls /admin/stats and /admin/sessions every 2 s and renders them.
-// Rows are keyed by id and updated in place, so a device picked for a load survives
-// refreshes. Everything is written with textContent: ids, addresses and error messages
-// come from the server and are never parsed as HTML.
+// The admin page: polls /admin/stats, /admin/sessions and /admin/history every 2 s and
+// renders them: tables, and charts drawn as plain SVG. Rows and charts are keyed by id and
+// updated in place, so a device picked for a load survives refreshes. Everything is
+// written with textContent: ids, addresses and error messages come from the server and
+// are never parsed as HTML.
 
 const TOKEN_KEY = "lipstream-admin-token";
 const REFRESH_MS = 2000;
@@ -229,17 +230,172 @@ function render(stats, sessions) {
   sync($("sessions"), sessions.sessions, 7, createSessionRow, updateSessionRow, "No live sessions");
 }
 
+
+// -- charts ----------------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const WIDTH = 300;
+const HEIGHT = 80;
+// Which series share a chart, per scope, and their labels (also the charts' aria-labels).
+const CHARTS = {
+  server: [
+    { title: "sessions", series: { live_sessions: "live", speaking_sessions: "speaking" } },
+    { title: "cpu ms per frame", series: { cpu_ms_per_frame: "cpu ms per frame" } },
+    {
+      title: "frames shared vs encoded",
+      series: { shared_fps: "shared/s", encoded_fps: "encoded/s" },
+    },
+  ],
+  device: [
+    { title: "busy share", series: { busy_share: "busy share" }, max: 1 },
+    { title: "queue depth", series: { queue_depth: "queue depth" } },
+    { title: "mean batch", series: { mean_batch: "mean batch" } },
+  ],
+  session: [
+    { title: "fps", series: { fps: "fps" } },
+    { title: "delay p95 ms", series: { delay_p95_ms: "delay p95 ms" } },
+    { title: "drops", series: { dropped: "dropped" } },
+  ],
+};
+
+const clock = (t) => new Date(t * 1000).toLocaleTimeString();
+
+function svg(name, attributes) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, value);
+  return element;
+}
+
+// One chart: a line and a point per sample for each of its series, on a shared y scale
+// and the history's time span. Each point carries its time and value (data-t,
+// data-value) and a <title>; hovering shows #chart-tip.
+function drawChart(target, spec, bySeries, span) {
+  const lines = Object.entries(spec.series)
+    .map(([name, label]) => ({ name, label, data: bySeries.get(name) }))
+    .filter((line) => line.data);
+  const values = lines.flatMap((line) => line.data.v);
+  const top = Math.max(spec.max ?? 0, ...values, 1e-9);
+  const x = (t) => ((t - span.from) / (span.to - span.from || 1)) * WIDTH;
+  const y = (v) => HEIGHT - (v / top) * HEIGHT;
+  const children = [svg("line", { class: "axis", x1: 0, y1: HEIGHT, x2: WIDTH, y2: HEIGHT })];
+  lines.forEach((line, index) => {
+    const { t, v } = line.data;
+    const points = t.map((time, i) => `${x(time).toFixed(1)},${y(v[i]).toFixed(1)}`);
+    children.push(svg("polyline", { class: `s${index}`, points: points.join(" ") }));
+    t.forEach((time, i) => {
+      const dot = svg("circle", {
+        class: `s${index}`,
+        cx: x(time).toFixed(1),
+        cy: y(v[i]).toFixed(1),
+        r: 3,
+        "data-series": line.name,
+        "data-t": String(time),
+        "data-value": String(v[i]),
+      });
+      const title = svg("title", {});
+      title.textContent = `${line.label} ${v[i]} at ${clock(time)}`;
+      dot.append(title);
+      children.push(dot);
+    });
+  });
+  target.replaceChildren(...children);
+  target.dataset.top = String(top);
+}
+
+function showTip(event) {
+  const dot = event.target.closest("circle[data-value]");
+  const tip = $("chart-tip");
+  if (!dot) {
+    tip.hidden = true;
+    return;
+  }
+  tip.textContent = dot.querySelector("title").textContent;
+  tip.style.left = `${event.clientX + 12}px`;
+  tip.style.top = `${event.clientY + 12}px`;
+  tip.hidden = false;
+}
+
+function chartGroup(container, key, heading, scope, subject) {
+  let group = container.querySelector(`:scope > [data-key="${CSS.escape(key)}"]`);
+  if (!group) {
+    group = document.createElement("div");
+    group.className = "chart-group";
+    group.dataset.key = key;
+    group.setAttribute("role", "group");
+    group.setAttribute("aria-label", `${scope} ${subject}`);
+    group.append(document.createElement("h4"));
+    for (const spec of CHARTS[scope]) {
+      const figure = document.createElement("figure");
+      figure.className = "chart";
+      const caption = document.createElement("figcaption");
+      caption.textContent = spec.title;
+      const drawing = svg("svg", {
+        class: "chart",
+        role: "img",
+        viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
+        preserveAspectRatio: "none",
+        "aria-label": `${scope} ${subject} ${spec.title}`,
+      });
+      drawing.addEventListener("mouseover", showTip);
+      drawing.addEventListener("mouseleave", () => {
+        $("chart-tip").hidden = true;
+      });
+      figure.append(caption, drawing);
+      group.append(figure);
+    }
+    container.append(group);
+  }
+  group.querySelector("h4").textContent = heading;
+  return group;
+}
+
+function renderCharts(history, liveIds) {
+  const subjects = new Map(); // "scope subject" -> {scope, subject, series: Map(name -> {t, v})}
+  let latest = 0;
+  for (const s of history.series) {
+    const key = `${s.scope} ${s.subject}`;
+    if (!subjects.has(key)) {
+      subjects.set(key, { scope: s.scope, subject: s.subject, series: new Map() });
+    }
+    subjects.get(key).series.set(s.name, s);
+    if (s.t.length) latest = Math.max(latest, s.t[s.t.length - 1]);
+  }
+  const span = { from: latest - history.points * history.interval_s, to: latest };
+  const containers = {
+    server: $("charts-server"),
+    device: $("charts-devices"),
+    session: $("charts-sessions"),
+  };
+  const kept = new Set();
+  for (const [key, { scope, subject, series }] of subjects) {
+    const container = containers[scope];
+    if (!container) continue;
+    let heading = scope === "server" ? "this process" : subject;
+    if (scope === "session" && !liveIds.has(subject)) heading += " (ended)";
+    const group = chartGroup(container, key, heading, scope, subject);
+    group.querySelectorAll("svg.chart").forEach((drawing, index) => {
+      drawChart(drawing, CHARTS[scope][index], series, span);
+    });
+    kept.add(group);
+  }
+  for (const container of Object.values(containers)) {
+    for (const group of [...container.children]) if (!kept.has(group)) group.remove();
+  }
+}
+
 // -- polling ---------------------------------------------------------------------------
 
 async function refresh() {
   clearTimeout(timer);
   timer = null;
   try {
-    const [stats, sessions] = await Promise.all([
+    const [stats, sessions, history] = await Promise.all([
       api("GET", "/admin/stats"),
       api("GET", "/admin/sessions"),
+      api("GET", "/admin/history"),
     ]);
     render(stats, sessions);
+    renderCharts(history, new Set(sessions.sessions.map((s) => s.id)));
     if ($("error").textContent.startsWith("GET ")) showError(null);
   } catch (error) {
     if (error instanceof NeedsToken) {
