@@ -26,6 +26,7 @@ from tests.browser_page import browser_page
 from tests.live_calls import GENEROUS_MARGIN_MS
 from tests.snapshots import session_snapshot
 from web.app import build_app
+from web.cluster.aggregate import merged_history
 from web.history import HISTORY_POINTS, MAX_SERIES, History, HistorySampler
 
 if TYPE_CHECKING:
@@ -261,6 +262,63 @@ async def test_the_sampler_task_starts_and_stops() -> None:
     assert task.cancelled()
     assert feed.reads >= 1
     assert sampler.history.get(("server", "server", "live_sessions")) is not None
+
+
+def test_the_front_merges_the_workers_histories() -> None:
+    def body(device_busy: float, live: list[tuple[float, float]], session: str) -> dict[str, Any]:
+        return {
+            "interval_s": 2.0,
+            "points": 150,
+            "max_series": 512,
+            "series": [
+                {
+                    "scope": "device",
+                    "subject": "cpu:0",
+                    "name": "busy_share",
+                    "t": [100.0],
+                    "v": [device_busy],
+                },
+                {"scope": "session", "subject": session, "name": "fps", "t": [100.0], "v": [25.0]},
+                {
+                    "scope": "server",
+                    "subject": "server",
+                    "name": "live_sessions",
+                    "t": [t for t, _ in live],
+                    "v": [v for _, v in live],
+                },
+                {
+                    "scope": "server",
+                    "subject": "server",
+                    "name": "cpu_ms_per_frame",
+                    "t": [t for t, _ in live],
+                    "v": [2.0 * v for _, v in live],
+                },
+            ],
+        }
+
+    # w1 samples 0.3 s after w0: its points fall on the same sample times.
+    merged = merged_history(
+        {
+            "w0": body(0.25, [(100.1, 1.0), (102.1, 2.0)], "w0-a"),
+            "w1": body(0.5, [(100.4, 3.0), (102.4, 1.0), (104.4, 1.0)], "w1-b"),
+        }
+    )
+    assert (merged["interval_s"], merged["points"], merged["max_series"]) == (2.0, 150, 1024)
+    got = {
+        (s["scope"], s["subject"], s["name"]): list(zip(s["t"], s["v"], strict=True))
+        for s in merged["series"]
+    }
+    assert got[("device", "w0/cpu:0", "busy_share")] == [(100.0, 0.25)]
+    assert got[("device", "w1/cpu:0", "busy_share")] == [(100.0, 0.5)]
+    assert got[("session", "w0-a", "fps")] == [(100.0, 25.0)]
+    assert got[("session", "w1-b", "fps")] == [(100.0, 25.0)]
+    assert got[("server", "w0", "live_sessions")] == [(100.1, 1.0), (102.1, 2.0)]
+    assert got[("server", "server", "live_sessions")] == [(100.0, 4.0), (102.0, 3.0), (104.0, 1.0)]
+    assert got[("server", "server", "cpu_ms_per_frame")] == [
+        (100.0, 4.0),
+        (102.0, 3.0),
+        (104.0, 2.0),
+    ]
 
 
 # -- the page, in Chromium ----------------------------------------------------------------

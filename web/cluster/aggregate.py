@@ -13,6 +13,10 @@ labels on every Prometheus series (never per-model or per-session labels,
   through the front: ``devices`` named ``<worker>/<device>``, ``models`` once per id
   (a loaded entry when there is one, ``loaded_on`` naming the workers, counts summed),
   the caches and the ``global`` counts summed; each worker's own under ``workers``.
+- ``GET /admin/history``: every worker's chart series (:func:`merged_history`): devices
+  named ``<worker>/<device>``, sessions as they are, each worker's server series under
+  its name and, under ``server``, their sum per sample time (``cpu_ms_per_frame``: the
+  mean).
 - ``POST /admin/models/{id}/load?worker=w1`` and ``…/unload``: on the named worker; without
   ``worker``, a load goes where placement would put a call of that avatar and an unload
   goes to every worker that holds the model.
@@ -43,6 +47,7 @@ from web.admin import MAX_LOAD_BODY
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates
 from web.errors import RequestError
+from web.history import HISTORY_INTERVAL_S, HISTORY_POINTS, MAX_SERIES
 from web.request_body import parse_json_object, read_limited
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -186,6 +191,60 @@ async def stats(
             "unavailable": unavailable,
         }
     )
+
+
+async def history(
+    request: web.Request, front: ClusterFront, http: aiohttp.ClientSession
+) -> web.Response:
+    """Every worker's ``/admin/history`` as one (see :func:`merged_history`)."""
+    answers, unavailable = await gather(front, http, "GET", "/admin/history")
+    return web.json_response({**merged_history(answers), "unavailable": unavailable})
+
+
+def merged_history(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The workers' histories (by worker name) in one process's shape.
+
+    The workers sample on their own clocks: a server point is placed at its time rounded
+    to the interval, and the workers' points at one such time are summed (a mean for
+    ``cpu_ms_per_frame``, a per-frame figure).
+    """
+    interval = max((a["interval_s"] for a in answers.values()), default=HISTORY_INTERVAL_S)
+    series: list[dict[str, Any]] = []
+    # name -> sample time -> one value per worker
+    server: dict[str, dict[float, list[float]]] = {}
+    for worker, body in answers.items():
+        for s in body["series"]:
+            if s["scope"] == "device":
+                series.append({**s, "subject": f"{worker}/{s['subject']}"})
+            elif s["scope"] == "session":
+                series.append(s)
+            else:
+                series.append({**s, "subject": worker})
+                own = {
+                    round(t / interval) * interval: v for t, v in zip(s["t"], s["v"], strict=True)
+                }
+                times = server.setdefault(s["name"], {})
+                for t, v in own.items():
+                    times.setdefault(t, []).append(v)
+    for name, times in server.items():
+        mean = name == "cpu_ms_per_frame"
+        values = [(sum(vs) / len(vs) if mean else sum(vs)) for _, vs in sorted(times.items())]
+        series.append(
+            {
+                "scope": "server",
+                "subject": "server",
+                "name": name,
+                "t": sorted(times),
+                "v": [round(v, 4) for v in values],
+            }
+        )
+    series.sort(key=lambda s: (s["scope"], s["subject"], s["name"]))
+    return {
+        "interval_s": interval,
+        "points": max((a["points"] for a in answers.values()), default=HISTORY_POINTS),
+        "max_series": sum(a["max_series"] for a in answers.values()) or MAX_SERIES,
+        "series": series,
+    }
 
 
 def _one_model(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,8 +18,8 @@ one (``docs/architecture.md`` §14):
 - ``/health`` (200 unless the front gave up on its Ray runtime, ``web/cluster/front.py``),
   ``/ready`` (200 while at least one worker answers, the runtime is there and the front is
   not draining) and ``/admin/workers`` (each worker's last report) are the front's own;
-  ``/admin/sessions``, ``/admin/models``, ``/admin/stats``, model loads and unloads, and
-  ``/metrics`` cover every worker (``web/cluster/aggregate.py``).
+  ``/admin/sessions``, ``/admin/models``, ``/admin/stats``, ``/admin/history``, model loads
+  and unloads, and ``/metrics`` cover every worker (``web/cluster/aggregate.py``).
 - Anything else (the demo page, the admin page, ``/avatars``, ``/webrtc-config``) goes to
   a worker that answers.
 
@@ -94,6 +94,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     router.add_get("/admin/sessions", admin_only(_view(aggregate.session_list)))
     router.add_get("/admin/models", admin_only(_view(aggregate.models)))
     router.add_get("/admin/stats", admin_only(_view(aggregate.stats)))
+    router.add_get("/admin/history", admin_only(_view(aggregate.history)))
     router.add_post(
         "/admin/models/{model_id}/{action:load|unload}", admin_only(_view(aggregate.model_action))
     )

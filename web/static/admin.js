@@ -370,7 +370,9 @@ function renderCharts(history, liveIds) {
   for (const [key, { scope, subject, series }] of subjects) {
     const container = containers[scope];
     if (!container) continue;
-    let heading = scope === "server" ? "this process" : subject;
+    // Through a cluster's front, "server" is the sum and each worker's own is its name.
+    let heading = subject;
+    if (scope === "server") heading = subject === "server" ? "all" : `worker ${subject}`;
     if (scope === "session" && !liveIds.has(subject)) heading += " (ended)";
     const group = chartGroup(container, key, heading, scope, subject);
     group.querySelectorAll("svg.chart").forEach((drawing, index) => {
