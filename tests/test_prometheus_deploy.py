@@ -1,11 +1,13 @@
 """deploy/: the alert rules and the Grafana dashboard, checked by promtool and a real Prometheus.
 
 ``promtool check rules`` and ``promtool test rules`` (a firing and a quiet case per alert)
-run on the rules as shipped. Then Debian's ``prometheus`` scrapes, every second, a real
-``lipstream serve`` that has had a call (so per-device and per-frame series exist) and a
-cluster front of two in-process workers (``lipstream_cluster_*``), loading the rules: every
-expression of the dashboard and of the rules goes to its query API, must parse, and must
-name only series those two scrapes exposed; the dashboard's must return data as well.
+run on the rules as shipped. Then Debian's ``prometheus``, loading the rules, scrapes every
+second a real ``lipstream serve`` that has had a call (so per-device and per-frame series
+exist) and a ``lipstream serve --workers 2`` cluster front on a local Ray (its
+``lipstream_cluster_*`` and every worker's series, labelled). Every expression of the
+dashboard and of the rules goes to its query API: each must parse and name only series
+those scrapes exposed; the dashboard's must return data as well, and every rule must
+evaluate without an error.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import json
 import math
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +29,10 @@ import numpy as np
 import pytest
 import yaml
 from aiohttp import ClientSession
-from aiohttp.test_utils import TestClient, TestServer
 
 import lipstream_client as lc
-from config.settings import Settings
 from tests.live_calls import until
-from tests.oip_models import avatar
 from tests.server_process import Server, free_port, lipstream_serve
-from tests.test_cluster_grpc import GrpcWorkersRuntime, ServedWorker
-from web.app import build_app
-from web.cluster.app import build_front_app
-from web.cluster.front import ClusterFront
-from web.cluster.runtime import RuntimeMode
-from web.inference.grpc_server import start_inference_grpc
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "lipstream-alerts.yml"
@@ -227,46 +221,22 @@ async def scraped_at_least_twice(http: ClientSession, selector: str) -> bool:
 
 
 @asynccontextmanager
-async def cluster_front(tmp_path: Path) -> AsyncIterator[int]:
-    """A cluster front of two in-process workers (as tests/test_cluster_grpc.py builds
-    one), each with a loaded model; the front's HTTP port."""
-    root = tmp_path / "avatars"
-    avatar(root)
-
-    def settings(data: str, **sections: Any) -> Settings:
-        return Settings.model_validate(
-            {
-                "avatars": {"root": str(root), "data_dir": str(tmp_path / data), "demo": False},
-                "devices": {"kind": "cpu", "count": 1},
-                **sections,
-            }
-        )
-
-    runtime = GrpcWorkersRuntime(RuntimeMode.GIVEN)
-    cluster = {"workers": 2, "report_interval_s": 60, "report_timeout_s": 20}
-    front_settings = settings("data-front", cluster=cluster)
-    front = ClusterFront(front_settings, runtime=runtime)
-    token = front.worker_admin_token.get_secret_value()
-    async with AsyncExitStack() as stack:
-        for name in ("w0", "w1"):
-            app = build_app(settings(f"data-{name}", server={"admin_token": token}))
-            http = await stack.enter_async_context(TestClient(TestServer(app, host="127.0.0.1")))
-            listener = await start_inference_grpc(app, "127.0.0.1", 0)
-            stack.push_async_callback(listener.close, None)
-            runtime.served[name] = ServedWorker(f"http://127.0.0.1:{http.port}", app, listener)
-            loaded = await http.post(
-                "/admin/models/alice/load", headers={"Authorization": f"Bearer {token}"}
-            )
-            assert loaded.status == 200, await loaded.text()
-        front_http = await stack.enter_async_context(
-            TestClient(TestServer(build_front_app(front_settings, front=front), host="127.0.0.1"))
-        )
-        await front.refresh()
-        assert front.workers.keys() == {"w0", "w1"}
-        assert all(w.answering for w in front.workers.values())
-        port = front_http.port
-        assert port is not None
-        yield port
+async def cluster_front(tmp_path: Path) -> AsyncIterator[Server]:
+    """``lipstream serve --workers 2``: a front on a local Ray runtime with two worker
+    processes (as tests/test_cluster_grpc.py starts it), stopped with SIGTERM at the end
+    so that Ray's processes go with it."""
+    async with lipstream_serve(
+        tmp_path, "--workers", "2", server={"drain_timeout_s": 5}, startup_timeout_s=180.0
+    ) as front:
+        try:
+            assert "cluster: 2 of 2 workers up" in front.log()
+            yield front
+        finally:  # also when the test failed: Ray's processes end with a drained front
+            if front.proc.returncode is None:
+                front.proc.send_signal(signal.SIGTERM)
+                async with asyncio.timeout(TIMEOUT_S):
+                    await front.proc.wait()
+        assert front.proc.returncode == 0, front.log()
 
 
 async def call_with_speech(server: Server) -> None:
@@ -297,15 +267,15 @@ async def test_prometheus_scrapes_lipstream_and_every_expression_works(
     (tmp_path / "prometheus").mkdir()
     async with (
         lipstream_serve(tmp_path / "server", server={"ice_loopback_only": "true"}) as server,
-        cluster_front(tmp_path / "front") as front_port,
+        cluster_front(tmp_path / "front") as front,
     ):
         await call_with_speech(server)
-        targets = {"lipstream": server.port, "lipstream-front": front_port}
+        targets = {"lipstream": server.port, "lipstream-front": front.port}
         async with prometheus(tmp_path / "prometheus", targets) as http:
             for selector in (
                 'lipstream_cpu_seconds_per_frame{job="lipstream"}',
                 'lipstream_cluster_workers{job="lipstream-front", state="answering"}',
-                'lipstream_sessions_live{job="lipstream-front", worker="w1"}',
+                'lipstream_device_workers{job="lipstream-front", worker=~".+", node=~".+"}',
             ):
                 await until(
                     functools.partial(scraped_at_least_twice, http, selector),
