@@ -15,6 +15,7 @@ from config.settings import DevicesSettings
 from inference_core.adapter.onnx_io import open_session
 from inference_core.assets.demo_models import build_lipsync_model
 from inference_core.exceptions import InferenceError, ModelLoadError
+from inference_core.serving import devices
 from inference_core.serving.devices import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -63,6 +64,21 @@ def test_auto_falls_back_to_cpu_when_no_gpu_is_visible() -> None:
         _settings(), available_providers=WITH_CUDA, environ={"CUDA_VISIBLE_DEVICES": "-1"}
     )
     assert [d.kind for d in hidden] == ["cpu"]
+
+
+def test_no_nvml_no_nvidia_smi_and_no_cuda_driver_means_no_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA image started without a GPU: onnxruntime-gpu lists CUDA, nothing counts
+    GPUs, and the driver is absent: serve on the CPU, not on an assumed GPU."""
+    monkeypatch.setattr(devices, "_physical_gpu_count", lambda: (None, "unknown"))
+    monkeypatch.setattr(devices, "_cuda_driver_loads", lambda: False)
+    assert devices.count_visible_gpus({}) == (0, "no CUDA driver: libcuda.so.1 cannot be loaded")
+    chosen = detect_devices(_settings(kind="auto"), available_providers=WITH_CUDA)
+    assert [d.kind for d in chosen] == ["cpu"]
+    monkeypatch.setattr(devices, "_cuda_driver_loads", lambda: True)
+    assert devices.count_visible_gpus({}) == (1, "assumed 1: no NVML, no nvidia-smi")
+    assert devices.count_visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"})[0] == 0
 
 
 def test_forced_cuda_without_provider_explains_the_fix() -> None:

@@ -11,6 +11,7 @@ gives the onnxruntime providers and options for a device (``docs/architecture.md
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
@@ -38,7 +39,6 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 _NVIDIA_SMI_TIMEOUT_S = 10.0
-
 _shared_arena_lock = threading.Lock()
 _shared_arena_registered = False
 
@@ -169,11 +169,12 @@ def _visible_entries(environ: Mapping[str, str]) -> list[str] | None:
 def count_visible_gpus(environ: Mapping[str, str]) -> tuple[int, str]:
     """How many GPUs CUDA will show this process, and how that was found out.
 
-    NVML (``pynvml``) if importable, else ``nvidia-smi -L``, else one GPU unless
-    ``CUDA_VISIBLE_DEVICES`` hides them. NVML and nvidia-smi count physical GPUs, so
-    ``CUDA_VISIBLE_DEVICES`` caps the count.
+    NVML (``pynvml``), else ``nvidia-smi -L``, else none without a loadable CUDA driver (a
+    GPU image on a machine without one) and one otherwise; ``CUDA_VISIBLE_DEVICES`` caps it.
     """
     physical, source = _physical_gpu_count()
+    if physical is None and not _cuda_driver_loads():
+        physical, source = 0, "no CUDA driver: libcuda.so.1 cannot be loaded"
     visible = _visible_entries(environ)
     if visible is None:
         return (1, "assumed 1: no NVML, no nvidia-smi") if physical is None else (physical, source)
@@ -211,6 +212,14 @@ def _physical_gpu_count() -> tuple[int | None, str]:
         else:
             return sum(1 for line in listing.splitlines() if line.startswith("GPU ")), "nvidia-smi"
     return None, "unknown"
+
+
+def _cuda_driver_loads() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")  # the NVIDIA driver's CUDA library
+    except OSError:
+        return False
+    return True
 
 
 def session_config(
