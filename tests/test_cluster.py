@@ -408,6 +408,21 @@ async def test_admin_and_metrics_cover_every_worker(front: TestClient[Any, Any])
         assert [d["name"] for d in stats["devices"]] == ["w0/cpu:0", "w1/cpu:0"]
         assert [m["id"] for m in stats["models"]] == ["alice", "bob"]
         assert stats["global"]["models_registered"] == 2
+
+        async def charted() -> dict[tuple[str, str, str], Any] | None:
+            history = await (await front.get("/admin/history")).json()
+            by_key = {(s["scope"], s["subject"], s["name"]): s for s in history["series"]}
+            calls = {("session", sid, "fps") for sid in where}
+            summed = by_key.get(("server", "server", "live_sessions"), {"v": []})
+            return by_key if calls <= by_key.keys() and 2 in summed["v"] else None
+
+        # The charts' history over both workers: each call, each worker's device, and the
+        # workers' live sessions summed at one sample time.
+        series = await until(charted, "both calls in the front's /admin/history")
+        for worker in ("w0", "w1"):
+            assert ("device", f"{worker}/cpu:0", "busy_share") in series
+            assert ("server", worker, "live_sessions") in series
+        assert max(series[("server", "server", "live_sessions")]["v"]) == 2  # never more
         assert 0 <= stats["cache"]["hit_rate"] <= 1
         loaded_on = {m["id"]: m["loaded_on"] for m in stats["models"]}
         assert loaded_on["alice"] == [where[one.session_id]]
