@@ -229,6 +229,10 @@ class ServerSettings(_Section):
     # Open connections one address may hold (trusted proxies are exempt).
     max_connections_per_client: int = Field(default=256, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    # The admin page's charts (GET /admin/history): points kept per series, and seconds
+    # between two samples of the snapshots.
+    history_points: int = Field(default=150, ge=2, le=10_000)
+    history_interval_s: float = Field(default=2.0, ge=0.1, le=3600)
 
 
 class DevicesSettings(_Section):

@@ -339,6 +339,7 @@ async def server(tmp_path: Path, loopback: None) -> AsyncIterator[TestServer]:
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "devices": {"kind": "cpu"},
             "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
+            "server": {"history_points": 600, "history_interval_s": 1.0},
         }
     )
     async with TestServer(build_app(settings), host="127.0.0.1") as test_server:
@@ -386,6 +387,7 @@ async def test_the_admin_page_charts_the_history_of_a_call(
 
         drawn: list[dict[str, Any]] = await admin.evaluate(DRAWN)
         history = await (await admin.request.get(str(server.make_url("/admin/history")))).json()
+        assert (history["points"], history["interval_s"]) == (600, 1.0)  # the settings
         served = {
             (f"{s['scope']} {s['subject']}", s["name"]): dict(zip(s["t"], s["v"], strict=True))
             for s in history["series"]

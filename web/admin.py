@@ -354,7 +354,8 @@ def add_admin_routes(app: web.Application) -> None:
     async def admin_state(app: web.Application) -> AsyncIterator[None]:
         app[STARTED_AT] = time.monotonic()
         app[IMPORT_LOCK] = asyncio.Lock()  # one import at a time
-        app[HISTORY] = History()
+        server = app[SETTINGS].server
+        app[HISTORY] = History(points=server.history_points, interval_s=server.history_interval_s)
 
         async def read() -> tuple[CoreSnapshot, SessionsSnapshot]:
             return await app[CORE].snapshot(), app[SESSIONS].snapshot()

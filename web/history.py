@@ -2,8 +2,9 @@
 
 One task (:class:`HistorySampler`, started and stopped by the app's cleanup context in
 :mod:`web.admin`) reads the same snapshots ``/admin/stats`` and ``/admin/sessions`` read
-(``InferenceCore.snapshot()``, ``SessionManager.snapshot()``) every ``interval_s`` and
-appends one point per series to a :class:`History`; nothing is done per frame.
+(``InferenceCore.snapshot()``, ``SessionManager.snapshot()``) every ``interval_s``
+(``server.history_interval_s``) and appends one point per series to a :class:`History`
+of ``server.history_points`` points per series; nothing is done per frame.
 
 Series, keyed by ``(scope, subject, name)``:
 
@@ -51,7 +52,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Five minutes at one point every two seconds.
+#: Five minutes at one point every two seconds (the settings' defaults).
 HISTORY_POINTS = 150
 HISTORY_INTERVAL_S = 2.0
 #: Enough for a few devices and well over a hundred calls' series.
