@@ -300,6 +300,16 @@ function drawChart(target, spec, bySeries, span) {
   });
   target.replaceChildren(...children);
   target.dataset.top = String(top);
+  // The caption names each line (its colour follows its order) with its newest value,
+  // and the top of the scale.
+  const latest = lines.map((line, index) => {
+    const value = line.data.v[line.data.v.length - 1];
+    if (Object.keys(spec.series).length === 1) return String(value);
+    return `${line.label} (${index ? "orange" : "blue"}) ${value}`;
+  });
+  const caption = target.previousElementSibling;
+  const scale = `top ${+top.toFixed(3)}`;
+  caption.textContent = `${spec.title}: ${latest.join(", ") || "no data"} · ${scale}`;
 }
 
 function showTip(event) {
