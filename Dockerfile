@@ -3,13 +3,23 @@
 #   docker build -t lipstream .            # or: podman build --format docker -t lipstream .
 #   docker run --network host -v lipstream:/var/lib/lipstream lipstream
 #
+#   docker build --build-arg FLAVOUR=cuda -t lipstream:cuda .      # NVIDIA GPUs
+#   docker run --gpus all --network host -v lipstream:/var/lib/lipstream lipstream:cuda
+#   podman run --device nvidia.com/gpu=all --network host ... lipstream:cuda   # CDI
+#
 # WebRTC media travels over UDP on ports aiortc picks per call from the kernel's
 # ephemeral range (net.ipv4.ip_local_port_range), so run the container with host
 # networking, or publish only 8080/tcp and carry media through TURN (turn.urls +
-# turn.secret; compose.yaml runs coturn beside it). The image runs on the CPU; for
-# NVIDIA GPUs build FROM a CUDA runtime base and install onnxruntime-gpu (see the docs).
+# turn.secret; compose.yaml runs coturn beside it).
+#
+# FLAVOUR=cpu (the default) runs inference on the CPU. FLAVOUR=cuda installs onnxruntime-gpu
+# with the CUDA 13 and cuDNN 9 libraries it loads, from the package index (no CUDA base
+# image: only the host's driver is needed, which --gpus or CDI mounts in), and NVML for
+# per-GPU memory. Started without a GPU it says so once and serves on the CPU
+# (devices.kind auto). docs/deployment.md, "GPU image", has the run lines and MPS notes.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
+ARG FLAVOUR=cpu
 
 # espeak-ng: the built-in text-to-speech engine ("say"); the rest is in the wheels.
 RUN apt-get update \
@@ -27,7 +37,17 @@ RUN python3 -m venv /opt/lipstream
 WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
-    && pip install -r requirements.txt
+    && case "$FLAVOUR" in \
+         cpu) ;; \
+         cuda) sed -i 's/^onnxruntime\([<>=!~ ]\)/onnxruntime-gpu[cuda,cudnn]\1/' requirements.txt \
+               && printf '%s\n' 'nvidia-cublas~=13.0' 'nvidia-ml-py>=12' >> requirements.txt ;; \
+         *) echo "FLAVOUR must be cpu or cuda, not '$FLAVOUR'" >&2; exit 1 ;; \
+       esac \
+    && pip install -r requirements.txt \
+    && if [ "$FLAVOUR" = cuda ]; then \
+         find /opt/lipstream -path '*/nvidia/*' -name 'lib*.so*' -printf '%h\n' | sort -u \
+           > /etc/ld.so.conf.d/lipstream-nvidia.conf && ldconfig; \
+       fi
 COPY config config
 COPY inference_core inference_core
 COPY compositor compositor
@@ -40,6 +60,10 @@ RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/lipstream --cr
     --shell /usr/sbin/nologin lipstream
 USER lipstream
 WORKDIR /var/lib/lipstream
+# What the NVIDIA container toolkit mounts for --gpus (compute, and nvidia-smi/NVML).
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+LABEL org.opencontainers.image.title="lipstream" io.lipstream.flavour="${FLAVOUR}"
 ENV LIPSTREAM_SERVER__HOST=0.0.0.0 \
     LIPSTREAM_AVATARS__ROOT=/var/lib/lipstream/avatars \
     LIPSTREAM_AVATARS__DATA_DIR=/var/lib/lipstream/data

@@ -177,3 +177,92 @@ async def test_the_container_serves_a_call_and_drains_on_stop(
     assert state["ExitCode"] == 0, logs  # SIGTERM drained and exited, not killed
     assert "server stopped" in logs, logs
     assert "Traceback" not in logs, logs
+
+
+@pytest.fixture(scope="module")
+def cuda_image(base_image: str) -> Iterator[str]:
+    """The Dockerfile's CUDA flavour (``--build-arg FLAVOUR=cuda``) on ``base_image``."""
+    tag = f"localhost/lipstream:test-cuda-{os.getpid()}"
+    _run(
+        *PODMAN,
+        "build",
+        "--format",
+        "docker",
+        "--network",
+        "host",
+        *ULIMITS,
+        "--build-arg",
+        f"BASE_IMAGE={base_image}",
+        "--build-arg",
+        "FLAVOUR=cuda",
+        "-t",
+        tag,
+        str(REPO),
+        timeout_s=1200,
+    )
+    try:
+        yield tag
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+async def test_the_cuda_image_offers_cuda_and_serves_on_the_cpu_without_a_gpu(
+    cuda_image: str, loopback: None
+) -> None:
+    """Built with onnxruntime-gpu and its CUDA/cuDNN libraries from the package index;
+    on this machine (no GPU, no driver) it says so once and answers a call on the CPU."""
+    check = (
+        "import ctypes, onnxruntime as o; print(o.get_available_providers()); "
+        "ctypes.CDLL('libcudnn.so.9'); ctypes.CDLL('libcublasLt.so.13'); "
+        "ctypes.CDLL('libcudart.so.13'); import pynvml; print('libraries ok')"
+    )
+    probe = await asyncio.to_thread(
+        _run, *PODMAN, "run", "--rm", *ULIMITS, cuda_image, "python3", "-c", check
+    )
+    assert "CUDAExecutionProvider" in probe.stdout, probe.stdout
+    assert "libraries ok" in probe.stdout, probe.stdout
+    port = free_port()
+    name = f"lipstream-test-cuda-{os.getpid()}-{port}"
+    await asyncio.to_thread(
+        _run,
+        *PODMAN,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        *ULIMITS,
+        "-e",
+        f"LIPSTREAM_SERVER__PORT={port}",
+        "-e",
+        "LIPSTREAM_SERVER__ICE_LOOPBACK_ONLY=true",
+        cuda_image,
+    )
+    try:
+        async with ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            try:
+                await until(lambda: answers(http, "/health"), "/health", timeout_s=180)
+            except BaseException:
+                logs = await asyncio.to_thread(
+                    subprocess.run, ["podman", "logs", name], capture_output=True, text=True
+                )
+                pytest.fail(f"the CUDA container did not answer /health:\n{logs.stderr[-4000:]}")
+            caller = Caller(http)
+            caller.keep_luma = False
+            await caller.connect()
+            try:
+                await caller.wait_for_frames(25)
+                assert caller.received.video_codec == "video/H264"
+            finally:
+                await caller.close()
+        logs = (await asyncio.to_thread(_run, "podman", "logs", name)).stderr
+        fallback = [line for line in logs.splitlines() if "no GPU visible" in line]
+        assert len(fallback) == 1, logs  # said once
+        assert "cpu:0" in fallback[0]
+        assert "libcuda.so.1" in fallback[0]
+        assert "Traceback" not in logs, logs
+    finally:
+        await asyncio.to_thread(
+            subprocess.run, ["podman", "rm", "-f", name], capture_output=True, check=False
+        )
