@@ -82,10 +82,8 @@ def base_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     return BASE
 
 
-@pytest.fixture(scope="module")
-def image(base_image: str) -> Iterator[str]:
-    """The repository's Dockerfile, built unchanged on ``base_image``."""
-    tag = f"localhost/lipstream:test-{os.getpid()}"
+def _build(base_image: str, tag: str, *build_args: str, timeout_s: float = 900) -> None:
+    """Build the repository's Dockerfile, unchanged, as ``tag`` on ``base_image``."""
     _run(
         *PODMAN,
         "build",
@@ -96,11 +94,41 @@ def image(base_image: str) -> Iterator[str]:
         *ULIMITS,
         "--build-arg",
         f"BASE_IMAGE={base_image}",
+        *(arg for value in build_args for arg in ("--build-arg", value)),
         "-t",
         tag,
         str(REPO),
-        timeout_s=900,
+        timeout_s=timeout_s,
     )
+
+
+def _start(image: str, port: int, name: str) -> None:
+    """Run ``image`` detached with host networking, serving on ``port``."""
+    _run(
+        *PODMAN,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        *ULIMITS,
+        "-e",
+        f"LIPSTREAM_SERVER__PORT={port}",
+        # This sandbox has only loopback for ICE (tests/conftest.py, ``loopback``).
+        "-e",
+        "LIPSTREAM_SERVER__ICE_LOOPBACK_ONLY=true",
+        "-e",
+        "LIPSTREAM_SERVER__DRAIN_TIMEOUT_S=3",
+        image,
+    )
+
+
+@pytest.fixture(scope="module")
+def image(base_image: str) -> Iterator[str]:
+    """The repository's Dockerfile, built unchanged on ``base_image``."""
+    tag = f"localhost/lipstream:test-{os.getpid()}"
+    _build(base_image, tag)
     try:
         yield tag
     finally:
@@ -125,24 +153,7 @@ def container(image: str) -> Iterator[tuple[str, int]]:
     """The image running with host networking on a free port; removed at the end."""
     port = free_port()
     name = f"lipstream-test-{os.getpid()}-{port}"
-    _run(
-        *PODMAN,
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network",
-        "host",
-        *ULIMITS,
-        "-e",
-        f"LIPSTREAM_SERVER__PORT={port}",
-        # This sandbox has only loopback for ICE (tests/conftest.py, ``loopback``).
-        "-e",
-        "LIPSTREAM_SERVER__ICE_LOOPBACK_ONLY=true",
-        "-e",
-        "LIPSTREAM_SERVER__DRAIN_TIMEOUT_S=3",
-        image,
-    )
+    _start(image, port, name)
     try:
         yield name, port
     finally:
@@ -183,23 +194,7 @@ async def test_the_container_serves_a_call_and_drains_on_stop(
 def cuda_image(base_image: str) -> Iterator[str]:
     """The Dockerfile's CUDA flavour (``--build-arg FLAVOUR=cuda``) on ``base_image``."""
     tag = f"localhost/lipstream:test-cuda-{os.getpid()}"
-    _run(
-        *PODMAN,
-        "build",
-        "--format",
-        "docker",
-        "--network",
-        "host",
-        *ULIMITS,
-        "--build-arg",
-        f"BASE_IMAGE={base_image}",
-        "--build-arg",
-        "FLAVOUR=cuda",
-        "-t",
-        tag,
-        str(REPO),
-        timeout_s=1200,
-    )
+    _build(base_image, tag, "FLAVOUR=cuda", timeout_s=1200)
     try:
         yield tag
     finally:
@@ -223,22 +218,7 @@ async def test_the_cuda_image_offers_cuda_and_serves_on_the_cpu_without_a_gpu(
     assert "libraries ok" in probe.stdout, probe.stdout
     port = free_port()
     name = f"lipstream-test-cuda-{os.getpid()}-{port}"
-    await asyncio.to_thread(
-        _run,
-        *PODMAN,
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network",
-        "host",
-        *ULIMITS,
-        "-e",
-        f"LIPSTREAM_SERVER__PORT={port}",
-        "-e",
-        "LIPSTREAM_SERVER__ICE_LOOPBACK_ONLY=true",
-        cuda_image,
-    )
+    await asyncio.to_thread(_start, cuda_image, port, name)
     try:
         async with ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             try:
