@@ -89,11 +89,13 @@ async def live_server(
 
 
 @asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[tuple[web.Application, str]]:
-    """``app`` served on 127.0.0.1 at a free port; yields it and its URL."""
+async def served(
+    app: web.Application, host: str = "127.0.0.1"
+) -> AsyncIterator[tuple[web.Application, str]]:
+    """``app`` served on ``host`` at a free port; yields it and its URL."""
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
     host, port = runner.addresses[0][:2]
     try:

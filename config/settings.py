@@ -332,22 +332,24 @@ class VideoSettings(_Section):
     encoder: Literal["auto", "libx264", "h264_nvenc"] = "auto"
     preset: X264Preset = "ultrafast"
     bitrate_kbps: int | None = Field(default=None, ge=100)
-    keyframe_interval_s: float = Field(default=2.0, gt=0)
+    keyframe_interval_s: float = Field(default=10.0, gt=0)
     encoder_threads: int = Field(default=1, ge=0, le=64)
     shared_idle: bool = True
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
     idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True
-    idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25), min_length=1)
+    idle_bitrate_rungs: tuple[float, ...] = Field(
+        default=(1.0, 0.5, 0.25, 0.125), min_length=1
+    )
     switch_fade_s: float = Field(default=0.32, ge=0, le=2)
 
     @field_validator("idle_bitrate_rungs")
     @classmethod
     def _rungs_in_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         for rung in value:
-            if not 0.25 <= rung <= 1.0:
+            if not 0.05 <= rung <= 1.0:
                 raise ValueError(
-                    f"each rung is a fraction of the bitrate in 0.25..1.0 (REMB's range), "
+                    f"each rung is a fraction of the ladder step's bitrate in 0.05..1.0, "
                     f"got {rung}"
                 )
         return tuple(sorted(set(value), reverse=True))

@@ -66,6 +66,10 @@ class IdleLoopCache:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._built = self._evicted = self._failed = self._hits = self._misses = 0
 
+    def peek(self, key: LoopKey) -> EncodedLoop | None:
+        """The loop for ``key`` if it is built (nothing queued, no use recorded)."""
+        return self._loops.get(key)
+
     def get(self, key: LoopKey, frames: FrameSource) -> EncodedLoop | None:
         """The loop for ``key`` if it is built; else None, its build queued (from
         ``frames``, avatar frame by index) unless it is already."""

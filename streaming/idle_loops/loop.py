@@ -20,6 +20,7 @@ more reference frames, is replaced by the live one).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 
 from compositor.clips import Clip, bounce_index
 from streaming.webrtc.encoder_config import TIME_BASE, EncoderConfig, open_codec
-from streaming.webrtc.video_encoder import LipstreamH264Encoder
+from streaming.webrtc.video_encoder import LipstreamH264Encoder, scale_yuv420p
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +118,22 @@ class EncodedLoop:
     def length(self) -> int:
         return len(self.payloads)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes of payload held (what the cache counts)."""
         return sum(len(p) for frame in self.payloads for p in frame)
+
+    @functools.cached_property
+    def max_frame_bytes(self) -> int:
+        """The largest frame of the loop (one of its IDRs): what a link must drain in a
+        few frame times not to hold the caller's jitter buffer back."""
+        return max(sum(len(p) for p in frame) for frame in self.payloads)
+
+    @functools.cached_property
+    def bitrate_bps(self) -> int:
+        """What a call sending the loop sends on average, keyframes included (payload
+        bits a second: what a link must carry for it)."""
+        return round(8 * self.nbytes * self.key.config.fps / max(1, self.length))
 
     def is_keyframe(self, position: int) -> bool:
         return position in self.keyframes
@@ -177,13 +190,18 @@ def parameter_sets(config: EncoderConfig, bitrate: int) -> bytes:
 #: whose PPS equals a bitrate-controlled stream's (x264 writes ``pic_init_qp`` 26 for
 #: both), visually lossless on the demo avatar (Y-PSNR 50-52 dB at 720p).
 LOOP_CRF = 26.0
+#: The loops' VBV buffer, in seconds at their rung: their IDRs, one every 0.48 s, stay
+#: within about four frames' worth of the rung (a 720p IDR of the demo avatar is 27 KB
+#: at constant quality, seven times a 1.25 Mbit/s rung's frame; a caller's jitter
+#: buffer grows with the largest frame it sees: docs/architecture.md §19).
+LOOP_VBV_S = 0.16
 
 
 def loop_config(key: LoopKey) -> EncoderConfig:
     """The encoder config of ``key``'s loop: the live one at the rung's bitrate with the
     loop's preset (and, libx264, constant quality capped at that bitrate), unless that
     changes the parameter sets; then the live config at the rung's bitrate."""
-    plain = replace(key.config, bitrate=key.bitrate)
+    plain = replace(key.config, bitrate=key.bitrate, vbv_s=LOOP_VBV_S)
     crf = LOOP_CRF if key.constant_quality and key.config.codec_name == "libx264" else None
     config = replace(plain, preset=key.preset, crf=crf)
     if config == plain:
@@ -209,6 +227,9 @@ def encode_loop(key: LoopKey, frame_at: Callable[[int], np.ndarray]) -> EncodedL
     keyframes: set[int] = set()
     for position in range(key.length):
         image = frame_at(key.frame(position))
+        height, width = image.shape[0] * 2 // 3, image.shape[1]
+        if (width, height) != (config.width, config.height):  # a smaller ladder step (§19)
+            image = scale_yuv420p(image, width, height, config.width, config.height)
         frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(image), format="yuv420p")
         frame.pts = int(position * _VIDEO_CLOCK / fps)
         frame.time_base = TIME_BASE

@@ -15,8 +15,15 @@ at an IDR, so:
   shared keyframe);
 * a skipped slot while sharing leaves the loop too (the decoder would miss a picture the
   next one refers to);
-* a new target bitrate (REMB) moves the call to another rung at that rung's next
-  keyframe;
+* a new target bitrate (the call's link) moves the call to another rung at that rung's
+  next keyframe; rungs are fractions of the ladder step's bitrate, and a rung is taken
+  only if its loop, as built, needs no more than the target on average (a listening
+  call on a slow link must fit it, keyframes included: ``docs/architecture.md`` §19);
+  when no rung fits, the call encodes its own frames at the target;
+* a step of the quality ladder is another config: the call leaves the loop (its own
+  encoder makes the IDR at the new size) and joins the step's loop at its next
+  keyframe; at a step with a lower frame rate the call does not share (a loop's
+  P-frames refer to every frame before them, and that step sends only some);
 * another idle clip leaves the loop (the call's own encoder makes an IDR) and joins the
   new clip's loop at its next keyframe.
 
@@ -43,9 +50,10 @@ logger = logging.getLogger(__name__)
 class IdleSharing:
     """One call's choice between the shared idle loop and its own encoder.
 
-    ``keys`` are the avatar's loops by rung, highest bitrate first (see :func:`rung_keys`);
-    ``position(n)`` the clip frame ``n`` plays and its bounce position there (the call's
-    ``ClipPlan.loop_position``; default: every frame, position ``n``).
+    ``keys`` are the avatar's loops by rung, highest bitrate first (see :func:`rung_keys`),
+    at the full picture; at another ladder step the rungs are the same fractions of that
+    step's bitrate. ``position(n)`` the clip frame ``n`` plays and its bounce position
+    there (the call's ``ClipPlan.loop_position``; default: every frame, position ``n``).
     """
 
     def __init__(
@@ -60,6 +68,8 @@ class IdleSharing:
             raise ValueError("idle sharing needs at least one bitrate rung")
         self._loops = loops
         self._keys = tuple(sorted(keys, key=lambda k: k.bitrate, reverse=True))
+        top = self._keys[0]
+        self._fractions = tuple(k.bitrate / top.config.bitrate for k in self._keys)
         self._frames = frames
         self._fps = fps
         self._position = position
@@ -90,7 +100,7 @@ class IdleSharing:
         clip, position = self._where(index)
         loop = self._loop
         if loop is not None and (loop.key.config != encoder.config or not _plays(loop, clip)):
-            self._leave(index, encoder)  # re-opened (size, NVENC) or another clip
+            self._leave(index, encoder)  # re-opened (size, ladder step, NVENC) or another clip
             return None
         if loop is None:
             return self._join(index, clip, position, encoder)
@@ -98,6 +108,9 @@ class IdleSharing:
             self._leave(index, encoder)
             return None
         wanted = self._rung(encoder, clip)
+        if wanted is None:  # no loop fits the target any more
+            self._leave(index, encoder)
+            return None
         if wanted != loop.key:
             other = self._loops.get(wanted, self._frames)
             if other is not None and other.is_keyframe(position % other.length):
@@ -122,7 +135,8 @@ class IdleSharing:
     ) -> av.Packet[Any] | None:
         if index <= self._left_at + 1:  # never two IDRs in a row (H.264 7.4.3 idr_pic_id)
             return None
-        loop = self._loops.get(self._rung(encoder, clip), self._frames)
+        key = self._rung(encoder, clip)
+        loop = None if key is None else self._loops.get(key, self._frames)
         if loop is None or not loop.is_keyframe(position % loop.length):
             return None
         self._loop = loop
@@ -136,21 +150,37 @@ class IdleSharing:
         self._left_at = index
         encoder.request_keyframe()
 
-    def _rung(self, encoder: LipstreamH264Encoder, clip: Clip | None) -> LoopKey:
-        """The highest rung at or below the call's target bitrate (the lowest if none is),
-        of ``clip``'s loop."""
-        target = encoder.target_bitrate
-        chosen = self._keys[-1]
-        for key in reversed(self._keys):
-            if key.bitrate <= target:
-                chosen = key
-        if chosen.config != encoder.config:
-            chosen = replace(chosen, config=encoder.config)
-        return self._for(chosen, clip)
+    def _rung(self, encoder: LipstreamH264Encoder, clip: Clip | None) -> LoopKey | None:
+        """The highest rung of ``clip``'s loop at the encoder's step that fits its target:
+        at or below it, and, once built, no more than it on average. None when none
+        does, or when the step sends only some frames (module doc)."""
+        config, target = encoder.config, encoder.target_bitrate
+        if not encoder.sends_every_frame:
+            return None
+        top = self._keys[0]
+        for fraction in self._fractions:
+            bitrate = round(config.bitrate * fraction)
+            if bitrate > target:
+                continue
+            key = self._for(replace(top, config=config, bitrate=bitrate), clip)
+            built = self._loops.peek(key)
+            if built is None or fits(built, target):
+                return key
+        return None
 
     @staticmethod
     def _for(key: LoopKey, clip: Clip | None) -> LoopKey:
         return key if clip is None else key.for_clip(clip)
+
+
+#: A loop fits a call when its largest frame leaves within this much of the call's
+#: target (five frame times at 25 fps), and its average within the target.
+LOOP_PEAK_S = 0.2
+
+
+def fits(loop: EncodedLoop, target_bps: int) -> bool:
+    """Whether a call aiming at ``target_bps`` can send ``loop`` (module doc)."""
+    return loop.bitrate_bps <= target_bps and 8 * loop.max_frame_bytes <= LOOP_PEAK_S * target_bps
 
 
 def _plays(loop: EncodedLoop, clip: Clip | None) -> bool:

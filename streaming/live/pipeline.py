@@ -167,6 +167,7 @@ class LivePipeline:
             video=self,
             audio=audio,
             caller_audio=self.mixer.feed_inbound,
+            audio_loss=self.timeline.audio_loss,
         )
 
     async def run(self) -> None:

@@ -47,8 +47,8 @@ from streaming.live.reporting import FrameSending, FrameStages, SessionStats
 from streaming.live.send_buffers import SendBuffers
 from streaming.live.workers import Offload
 from streaming.webrtc.pacing import SessionClock
-from streaming.webrtc.tracks import video_frame
-from streaming.webrtc.video_encoder import LipstreamH264Encoder
+from streaming.webrtc.tracks import VIDEO_CLOCK, video_frame
+from streaming.webrtc.video_encoder import LipstreamH264Encoder, payload_packet
 
 logger = logging.getLogger(__name__)
 
@@ -336,7 +336,12 @@ class FrameRenderer:
     ) -> av.Packet[Any] | asyncio.Future[av.Packet[Any]]:
         """Frame ``index`` is the next to go out: an idle frame (``frame`` None) as the
         shared loop's packet when the call can share it, else its encode on the executor.
-        Called once per frame sent, in order."""
+        Called once per frame sent, in order. At a ladder step with a lower frame rate,
+        a frame the step leaves out is an empty packet: aiortc sends nothing for it
+        (``docs/architecture.md`` §19)."""
+        if not encoder.sends(index):
+            self._stats.frames_left_out += 1
+            return payload_packet([], index * VIDEO_CLOCK // self._fps)
         sharing = self._avatar(index).sharing
         if self._mixing(index):
             # A dissolve is the call's own picture: every avatar's loop is left (the

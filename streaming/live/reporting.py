@@ -26,6 +26,7 @@ import numpy as np
 from config.settings import Settings
 from inference_core.features.timing import FeatureKind, lookahead_ms
 from streaming.audio_rates import AUDIO_CHUNK_S
+from streaming.link import LinkSnapshot
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ class SessionStats:
     #: encoder (``docs/architecture.md`` §16).
     frames_shared: int = 0
     frames_encoded: int = 0
+    #: Frames a ladder step with a lower frame rate did not send (docs/architecture.md §19).
+    frames_left_out: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
     processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_KEPT))
     stage_ms: dict[str, deque[float]] = field(
@@ -297,6 +300,7 @@ class SessionReport:
         idle_clip: str = "idle",
         clips: list[str] | None = None,
         audio_skipped: int = 0,
+        link: LinkSnapshot | None = None,
     ) -> SessionSnapshot:
         """The session now. ``started_at`` is the session clock's start (None before
         media); ``audio_next_index`` None when no audio is sent: no A/V offset then."""
@@ -331,4 +335,6 @@ class SessionReport:
             app_audio=app_audio,
             idle_clip=idle_clip,
             clips=clips if clips is not None else ["idle"],
+            frames_left_out=self.stats.frames_left_out,
+            link=link,
         )

@@ -229,6 +229,7 @@ class Session:
             idle_clip=self.pipeline.idle_clip,
             clips=self.pipeline.clips,
             audio_skipped=sent.audio_skipped,
+            link=None if self.peer.link is None else self.peer.link.snapshot(),
         )
 
     # -- control --------------------------------------------------------------------

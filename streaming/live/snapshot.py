@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from compositor.background_cache import CacheStats
 from streaming.idle_loops import IdleLoopStats
+from streaming.link import LinkSnapshot
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,11 @@ class SessionSnapshot:
     app_audio: AppAudioState
     idle_clip: str  # the clip the avatar plays while silent
     clips: list[str]  # every idle clip the avatar has
+    #: Frames a ladder step with a lower frame rate left out (docs/architecture.md §19).
+    frames_left_out: int = 0
+    #: The call's link: estimate, target, loss, round trip, ladder step (None: VP8,
+    #: aiortc's own encoder, no link).
+    link: LinkSnapshot | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ STAGES = (
     "watchdog",
     "preload",
     "switch",
+    "link",
 )
 #: Why else a call ends: asked to (the API, an admin, the server stopping), a watchdog,
 #: or the connection (``DTLS failed`` is followed by its cause).

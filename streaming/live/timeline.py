@@ -46,7 +46,7 @@ from streaming.audio_in.resample import MonoResampler
 from streaming.audio_rates import AUDIO_CHUNK_S, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.workers import Offload
-from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, stamped
+from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, fec_percent, stamped
 
 T = TypeVar("T")
 
@@ -155,6 +155,7 @@ class AudioTimeline(Generic[T]):
         self._sleep = sleep
         self._to_features = MonoResampler(OUT_RATE, FEATURE_RATE)
         self._opus = OpusChunkEncoder()
+        self._fec_percent = 0  # what the caller's reported loss asks of the encoder
         self._chunks_made = 0
         # The last frame the speech gate stepped and handed on (to infer, or idle).
         self._decided = -1
@@ -188,6 +189,8 @@ class AudioTimeline(Generic[T]):
             chunks = [self._mixer.next_chunk() for _ in range(due)]
             self._chunks_made += due
             interrupts = self._interrupts
+            if self._opus.fec_percent != self._fec_percent:
+                self._opus = OpusChunkEncoder(fec_percent=self._fec_percent)
             made = await self._executor.run(self._process_chunks, self._opus, chunks, first)
             for _, frames in made:
                 if frames:
@@ -266,5 +269,11 @@ class AudioTimeline(Generic[T]):
         self._interrupts += 1
         # A fresh encoder: the old one holds the last speech in its look-ahead and would
         # put it into the next packet it makes, heard a session delay from now.
-        self._opus = OpusChunkEncoder()
+        self._opus = OpusChunkEncoder(fec_percent=self._fec_percent)
         return dropped, cut
+
+    def audio_loss(self, loss: float) -> None:
+        """The caller reports losing ``loss`` of our audio packets: from the next chunk
+        on, the voice carries in-band FEC for it (once on, it stays on for the call, at
+        the highest loss reported: ``docs/architecture.md`` §19)."""
+        self._fec_percent = max(self._fec_percent, fec_percent(loss))

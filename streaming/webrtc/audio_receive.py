@@ -22,6 +22,13 @@ to the remote track, whose consumer then resamples it to mono on the loop: two t
 hand-offs, three task wake-ups and a resampler per packet, for work the loop can do in
 50 µs (``docs/architecture.md`` §2). Packets of other codecs go aiortc's way.
 
+Opus is decoded with libopus itself (:mod:`~streaming.webrtc.opus_decoder`), so a
+lost packet costs less: when a packet arrives after a gap of at most
+:data:`MAX_CONCEALED` packets, the one just before it is rebuilt from this packet's
+in-band FEC (the answer asks callers to send it), the ones before that are concealed by
+libopus, and the mixer gets whole 20 ms for each (``docs/architecture.md`` §19). Where
+no libopus loads, PyAV decodes and a lost packet's 20 ms are lost, as before.
+
 A caller that sends digital silence (a muted microphone, an app's text-to-speech track
 between utterances) sends the same small Opus packet over and over. Once that payload
 has decoded to zeros twice running, the decoder is at rest on it: the same payload again
@@ -38,12 +45,15 @@ import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
 
-from streaming.audio_rates import OUT_RATE
+from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
+from streaming.webrtc.opus_decoder import OpusDecoder, OpusUnavailableError, load_libopus
 
 logger = logging.getLogger(__name__)
 
 #: Sequence numbers are 16 bits; a packet at most half the range behind is "older".
 _HALF_RANGE = 0x8000
+#: Longer gaps are not made up (a caller that paused, or a stream that restarted).
+MAX_CONCEALED = 5
 
 
 _S16_SCALE = np.float32(1 / 32768)
@@ -70,6 +80,8 @@ class ArrivalOrderAudioBuffer:
         self._decode_into = decode_into
         self._opus = frozenset(opus_payload_types) if decode_into is not None else frozenset()
         self._decoder: av.AudioCodecContext | None = None
+        self._libopus: OpusDecoder | None = None
+        self._use_libopus = self._opus and _libopus_available()
         self._on_failure = on_failure
         self.failed: BaseException | None = None
         self.passed = 0
@@ -77,6 +89,8 @@ class ArrivalOrderAudioBuffer:
         self.decoded = 0
         self.undecodable = 0
         self.silent = 0  # packets taken as silence without decoding
+        self.recovered = 0  # lost packets rebuilt from the next one's FEC
+        self.concealed = 0  # lost packets concealed by libopus
         self._zeros_from: bytes | None = None  # the payload that last decoded to zeros
         self._at_rest: tuple[bytes, int] | None = None  # ... twice running: its samples
 
@@ -99,10 +113,13 @@ class ArrivalOrderAudioBuffer:
                 "aiortc no longer puts the depayloaded audio in RtpPacket._data: "
                 "streaming.webrtc.compat and streaming.webrtc.audio_receive must be updated"
             )
+        missing = 0 if self._last is None else (sequence - self._last - 1) % 0x10000
         self._last = sequence
         self.passed += 1
         if packet.payload_type in self._opus:
             try:
+                if 0 < missing <= MAX_CONCEALED and self._use_libopus:
+                    self._make_up(data, missing)
                 self._decode(data)
             except Exception as exc:
                 self.failed = exc
@@ -112,6 +129,33 @@ class ArrivalOrderAudioBuffer:
             return False, None
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
 
+    def _make_up(self, data: bytes, missing: int) -> None:
+        """The ``missing`` packets before ``data``: the last from its FEC, the rest
+        concealed (on the same decoder, before ``data`` itself)."""
+        assert self._decode_into is not None
+        decoder = self._libopus_decoder()
+        self._at_rest = None
+        samples = decoder.samples_in(data)
+        samples = samples if samples > 0 else CHUNK_SAMPLES
+        try:
+            for _ in range(missing - 1):
+                self._decode_into(decoder.decode(None, samples=samples))
+                self.concealed += 1
+            self._decode_into(decoder.decode(data, fec=True, samples=samples))
+        except ValueError as exc:  # one bad packet costs its 20 ms, not the call
+            self.undecodable += 1
+            logger.debug("undecodable Opus packet from the caller: %s", exc)
+            return
+        if decoder.has_fec(data) is False:
+            self.concealed += 1
+        else:
+            self.recovered += 1
+
+    def _libopus_decoder(self) -> OpusDecoder:
+        if self._libopus is None:
+            self._libopus = OpusDecoder()
+        return self._libopus
+
     def _decode(self, data: bytes) -> None:
         assert self._decode_into is not None
         if self._at_rest is not None and data == self._at_rest[0]:
@@ -119,6 +163,17 @@ class ArrivalOrderAudioBuffer:
             self._decode_into(np.zeros(self._at_rest[1], dtype=np.float32))
             return
         self._at_rest = None
+        if self._use_libopus:
+            try:
+                samples = self._libopus_decoder().decode(data)
+            except ValueError as exc:
+                self.undecodable += 1
+                logger.debug("undecodable Opus packet from the caller: %s", exc)
+                return
+            self.decoded += 1
+            self._decode_into(samples)
+            self._note_zeros(data, len(samples), not samples.any())
+            return
         if self._decoder is None:
             decoder = av.CodecContext.create("libopus", "r")
             decoder.sample_rate = OUT_RATE
@@ -139,9 +194,23 @@ class ArrivalOrderAudioBuffer:
             count += len(samples)
             zeros = zeros and not np.any(samples)
             self._decode_into(samples.astype(np.float32, copy=False))
+        self._note_zeros(data, count, zeros)
+
+    def _note_zeros(self, data: bytes, count: int, zeros: bool) -> None:
+        """``data`` decoded to ``count`` samples, all zero or not: twice the same payload
+        to zeros and the decoder is at rest on it (module doc)."""
         if not (zeros and count):
             self._zeros_from = None
         elif data == self._zeros_from:
             self._at_rest = (data, count)
         else:
             self._zeros_from = data
+
+
+def _libopus_available() -> bool:
+    try:
+        load_libopus()
+    except OpusUnavailableError as exc:
+        logger.warning("%s; the caller's Opus is decoded by PyAV, without FEC", exc)
+        return False
+    return True

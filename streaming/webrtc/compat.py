@@ -89,6 +89,10 @@ _DTLS_SET_ROLE = "_set_role"
 _DTLS_ROLE = "_role"
 _DTLS_SSL = "_ssl"
 _DTLS_HANDSHAKE = "_do_handshake"
+_DTLS_SEND_RTP = "_send_rtp"  # every RTP and RTCP packet a transport sends, before SRTP
+_DTLS_HANDLE_RTCP = "_handle_rtcp_data"  # every compound RTCP packet it receives
+_SENDER_SSRC = "_ssrc"
+_SENDER_RTX_SSRC = "_rtx_ssrc"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,10 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCDtlsTransport", _DTLS_HANDSHAKE, "wrapped: keep the handshake's error"),
     Internal("aiortc.RTCDtlsTransport", _DTLS_SSL, "its OpenSSL connection: errors, SRTP"),
     Internal("aiortc.RTCDtlsTransport", "encrypted", "whether the handshake itself completed"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_SEND_RTP, "every packet out: the call's link"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_HANDLE_RTCP, "the caller's RTCP: the link first"),
+    Internal("aiortc.RTCRtpSender", _SENDER_SSRC, "the video stream the link paces"),
+    Internal("aiortc.RTCRtpSender", _SENDER_RTX_SSRC, "the stream retransmissions go on"),
     # LipstreamH264Encoder subclasses aiortc's encoder: it overrides the per-frame encode,
     # calls the packetizer and keeps the codec and the packetizer's buffers in step.
     Internal("aiortc.codecs.h264.H264Encoder", "_encode_frame", "our codec per frame"),
@@ -237,6 +245,43 @@ def install_audio_receive_buffer(transceiver: RTCRtpTransceiver, buffer: object)
     if transceiver.kind != "audio":
         raise ValueError(f"only audio receivers take this buffer, not {transceiver.kind}")
     _replace(transceiver.receiver, _RECEIVER_JITTER, buffer)
+
+
+def sender_ssrcs(sender: RTCRtpSender) -> tuple[int, int]:
+    """``sender``'s SSRC and its RTX stream's SSRC."""
+    return int(_require(sender, _SENDER_SSRC)), int(_require(sender, _SENDER_RTX_SSRC))
+
+
+# -- the call's link (docs/architecture.md §19) ----------------------------------------
+
+
+def transport_send(transport: RTCDtlsTransport) -> Callable[[bytes], Awaitable[None]]:
+    """The transport's own send of one serialised RTP or RTCP packet (it encrypts it)."""
+    send: Callable[[bytes], Awaitable[None]] = _require(transport, _DTLS_SEND_RTP)
+    return send
+
+
+def route_transport(
+    transport: RTCDtlsTransport,
+    send: Callable[[bytes], Awaitable[None]],
+    read_rtcp: Callable[[bytes], bytes],
+) -> None:
+    """From now on every packet ``transport``'s senders and receivers send goes to
+    ``send`` (which calls :func:`transport_send`'s function), and every RTCP packet it
+    receives to ``read_rtcp`` first; aiortc then handles what ``read_rtcp`` returns
+    (nothing, if it returns ``b""``). Call it before media flows.
+
+    Raises ``RuntimeError`` naming the method if this aiortc sends or reads elsewhere.
+    """
+    aiortc_rtcp: Callable[[bytes], Awaitable[None]] = _require(transport, _DTLS_HANDLE_RTCP)
+
+    async def handle_rtcp(data: bytes) -> None:
+        rest = read_rtcp(data)
+        if rest:
+            await aiortc_rtcp(rest)
+
+    _replace(transport, _DTLS_SEND_RTP, send)
+    _replace(transport, _DTLS_HANDLE_RTCP, handle_rtcp)
 
 
 # -- DTLS -----------------------------------------------------------------------------

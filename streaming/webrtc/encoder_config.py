@@ -2,9 +2,12 @@
 
 :class:`EncoderConfig` turns the ``video`` settings and a stream's frame size and fps
 into the options of libx264 or NVENC (``docs/architecture.md`` §6): constrained
-baseline, no B-frames, no lookahead, a keyframe interval, a one-second VBV buffer, the
-preset (mapped to NVENC's p1..p7), and a bitrate by frame area that REMB may move within
-[0.25×, 1×]. :func:`open_codec` opens a codec context with them.
+baseline, no B-frames, no lookahead, a keyframe interval, a VBV buffer of
+:data:`VBV_S` at the rate the codec is opened with (so no frame, an IDR included, holds
+more than the link drains in a few frame times: §19), the preset (mapped to NVENC's
+p1..p7), and a bitrate by frame area, the most the call's bandwidth estimate may give
+it. :meth:`EncoderConfig.at_step` is the same stream at a step of the call's quality
+ladder (a smaller frame, a lower frame rate). :func:`open_codec` opens a codec context.
 """
 
 from __future__ import annotations
@@ -58,12 +61,16 @@ _NVENC_PRESETS: dict[str, str] = {
     "veryslow": "p7",
 }
 
-# How far REMB may move the bitrate from the configured one. Below 0.25× the picture
-# falls apart. The configured bitrate is the ceiling: above it we would spend CPU and
-# bandwidth the session was not sized for (a receiver's REMB climbed to 1.4× within
-# 10 s of a call on loopback).
-REMB_MIN_FACTOR = 0.25
-REMB_MAX_FACTOR = 1.0
+#: The VBV buffer in seconds at the rate the codec is opened for: the largest frame (an
+#: IDR) is at most this much of the link's time at that rate. A caller's jitter buffer
+#: is sized by its largest frames against the link (Chromium's estimator keeps the
+#: largest frame for minutes), so on a 300 kbit/s link a 0.3 s buffer held its video
+#: 250 ms back; 0.15 s keeps a 720p IDR of the demo avatar at 18 KB at 1.3 Mbit/s and
+#: 6.4 KB at 450 kbit/s, for 7-16 % less than the target on average
+#: (docs/benchmarks.md §16).
+VBV_S = 0.15
+#: The least bitrate a stream is given, whatever the estimate (bits per second).
+MIN_BITRATE = 30_000
 
 # The RTP clock: frames keep their pts exactly. A 1/fps time base (aiortc uses 1/30)
 # makes PyAV round every pts, which jitters x264's rate control for 25 fps input.
@@ -116,6 +123,8 @@ class EncoderConfig:
     #: libx264 only: constant quality (CRF) capped at the bitrate, instead of the bitrate
     #: itself (the shared idle loops, ``docs/architecture.md`` §16); None = the bitrate.
     crf: float | None = None
+    #: The VBV buffer, in seconds at the rate the codec is opened with.
+    vbv_s: float = VBV_S
 
     def __post_init__(self) -> None:
         if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
@@ -154,42 +163,68 @@ class EncoderConfig:
             preset=settings.preset,
             bitrate=bitrate,
             gop=max(1, round(settings.keyframe_interval_s * fps)),
-            level=h264_level(width, height, fps, round(bitrate * REMB_MAX_FACTOR)),
+            level=h264_level(width, height, fps, bitrate),
             threads=settings.encoder_threads,
         )
 
     @property
     def min_bitrate(self) -> int:
-        """The lowest bitrate REMB may ask for (0.25× the configured one)."""
-        return round(self.bitrate * REMB_MIN_FACTOR)
+        """The lowest bitrate the stream is given (:data:`MIN_BITRATE`)."""
+        return min(MIN_BITRATE, self.bitrate)
 
     @property
     def max_bitrate(self) -> int:
-        """The highest bitrate REMB may ask for (the configured one)."""
-        return round(self.bitrate * REMB_MAX_FACTOR)
+        """The highest bitrate the stream is given (the configured one)."""
+        return self.bitrate
 
     def resized(self, width: int, height: int) -> EncoderConfig:
         """The same config for another frame size (level recomputed, bitrate kept)."""
-        level = h264_level(width, height, self.fps, self.max_bitrate)
+        level = h264_level(width, height, self.fps, self.bitrate)
         return replace(self, width=width, height=height, level=level)
 
-    def codec_options(self, bitrate: int | None = None) -> dict[str, str]:
-        """FFmpeg options for ``codec_name`` at ``bitrate`` (default: the configured one).
+    def at_step(self, scale: float, fps: int) -> EncoderConfig:
+        """This stream at a step of the quality ladder: the frame scaled by ``scale``
+        (even sides), ``fps`` frames a second, the bitrate scaled by the pixel rate and
+        the keyframe interval kept in seconds (``docs/architecture.md`` §19)."""
+        width = max(2, 2 * round(self.width * scale / 2))
+        height = max(2, 2 * round(self.height * scale / 2))
+        if (width, height, fps) == (self.width, self.height, self.fps):
+            return self
+        pixels = width * height * fps / (self.width * self.height * self.fps)
+        bitrate = max(MIN_BITRATE, round(self.bitrate * pixels))
+        return replace(
+            self,
+            width=width,
+            height=height,
+            fps=fps,
+            bitrate=bitrate,
+            gop=max(1, round(self.gop * fps / self.fps)),
+            level=h264_level(width, height, fps, bitrate),
+        )
+
+    def codec_options(
+        self, bitrate: int | None = None, *, vbv_bitrate: int | None = None
+    ) -> dict[str, str]:
+        """FFmpeg options for ``codec_name`` at ``bitrate`` (default: the configured one;
+        the maximum rate too), the VBV buffer :attr:`vbv_s` at ``vbv_bitrate`` (default:
+        ``bitrate``).
 
         Both encoders: constrained baseline (what every browser decodes), no B-frames,
         no lookahead, a keyframe every ``gop`` frames, and forced keyframes as IDR so a
         PLI really gives the receiver a fresh start.
         """
         rate = self.bitrate if bitrate is None else bitrate
+        vbv_rate = rate if vbv_bitrate is None else vbv_bitrate
         common = {
             "profile": self.profile,
             "level": self.level,
             "g": str(self.gop),
             "bf": "0",
             "forced-idr": "1",
-            # A one-second VBV buffer caps bursts (aiortc has no pacer: every packet of
-            # a frame leaves at once) without starving keyframes.
-            "bufsize": str(rate),
+            # A short VBV buffer caps the largest frame (an IDR) at what the link drains
+            # in a few frame times (VBV_S); the codec is re-opened at an IDR when the
+            # rate moves far from the one it was opened with (video_encoder.py).
+            "bufsize": str(round(vbv_rate * self.vbv_s)),
         }
         if self.codec_name == "h264_nvenc":
             return common | {
@@ -218,8 +253,11 @@ class EncoderConfig:
         return options
 
 
-def open_codec(config: EncoderConfig, bitrate: int | None = None) -> VideoCodecContext:
-    """Create and open an encoder context for ``config`` (raises ``av.FFmpegError``)."""
+def open_codec(
+    config: EncoderConfig, bitrate: int | None = None, *, vbv_bitrate: int | None = None
+) -> VideoCodecContext:
+    """Create and open an encoder context for ``config`` at ``bitrate`` (its maximum
+    rate too), its VBV buffer sized for ``vbv_bitrate`` (raises ``av.FFmpegError``)."""
     rate = config.bitrate if bitrate is None else bitrate
     codec = av.CodecContext.create(config.codec_name, "w")
     codec.width = config.width
@@ -228,7 +266,7 @@ def open_codec(config: EncoderConfig, bitrate: int | None = None) -> VideoCodecC
     codec.framerate = Fraction(config.fps)
     codec.time_base = TIME_BASE
     codec.bit_rate = rate
-    codec.options = config.codec_options(rate)
+    codec.options = config.codec_options(rate, vbv_bitrate=vbv_bitrate)
     # Open now rather than on the first encode so a failure can be handled where the
     # codec is chosen (NVENC -> libx264), not in the middle of aiortc's send loop.
     codec.open()

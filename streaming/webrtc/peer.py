@@ -15,7 +15,12 @@ It owns:
 - **the figures the session reports**: packets received from the caller, the video
   encoder's target bitrate, what each track has sent;
 - **the data channel** a caller opens for the session's events
-  (:mod:`~streaming.webrtc.data_channel`).
+  (:mod:`~streaming.webrtc.data_channel`);
+- **the call's link** (:class:`~streaming.link.LinkController`, ``docs/architecture.md``
+  §19): every packet the connection sends and every RTCP packet it receives pass
+  through it; its ``link`` task runs with the call's. The answer asks for what it needs
+  (transport-cc when the caller offers it, Opus in-band FEC:
+  :mod:`~streaming.webrtc.answer_sdp`).
 
 Its tasks (received tracks drained, data channels served) are the call's, spawned
 through the :class:`CallTasks` it is given, so they end the call by the session's one
@@ -38,13 +43,22 @@ from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
     RTCPeerConnection,
+    RTCRtpCodecParameters,
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
+from aiortc.codecs import is_rtx
 from aiortc.mediastreams import MediaStreamError
 
 from streaming.audio_rates import OUT_RATE
 from streaming.exceptions import OfferError
+from streaming.link import LinkController, MediaSender, Pacer, Streams
+from streaming.webrtc.answer_sdp import (
+    abs_send_time_id,
+    offers_transport_cc,
+    with_opus_fec,
+    with_transport_cc,
+)
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import (
     DtlsFailure,
@@ -52,7 +66,10 @@ from streaming.webrtc.compat import (
     close_peer_connection,
     install_audio_receive_buffer,
     negotiated_codecs,
+    route_transport,
     sender_encoder,
+    sender_ssrcs,
+    transport_send,
 )
 from streaming.webrtc.data_channel import (
     LABEL,
@@ -70,6 +87,7 @@ from streaming.webrtc.tracks import (
 )
 from streaming.webrtc.video_encoder import (
     EncoderFactory,
+    LipstreamH264Encoder,
     install_encoder,
     negotiated_codec,
     prefer_h264,
@@ -111,7 +129,8 @@ class PeerMedia:
 
     ``video`` gives frame ``n`` of a ``frame_size`` avatar at ``fps``; ``audio`` gives
     chunk ``n``'s Opus packet; ``caller_audio`` takes the caller's audio as float32
-    48 kHz mono, as it arrives.
+    48 kHz mono, as it arrives; ``audio_loss`` hears the share of our audio packets the
+    caller reports lost (the Opus encoder adds FEC for it).
     """
 
     clock: SessionClock
@@ -120,6 +139,7 @@ class PeerMedia:
     video: VideoSource
     audio: PacketSource
     caller_audio: Callable[[np.ndarray], None]
+    audio_loss: Callable[[float], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,8 @@ class Peer:
         self._state = PeerState.NEW
         self._channels: list[asyncio.Task[Any]] = []  # data channels being served
         self.video_codec: str | None = None  # the negotiated one, once answered
+        self.link: LinkController | None = None  # the H.264 call's link, once answered
+        self._answer = ""
 
     @classmethod
     async def answer(
@@ -233,12 +255,55 @@ class Peer:
         for transceiver in pc.getTransceivers():  # before media flows (§2)
             if transceiver.kind == "audio":
                 self._decode_on_arrival(transceiver, media.caller_audio)
+        answer = pc.localDescription.sdp if pc.localDescription is not None else ""
         negotiated = negotiated_codec(video)
         if negotiated is not None:
             self.video_codec = negotiated.mimeType
             encoder = encoders.create(*media.frame_size, media.fps)
             if install_encoder(video_sender, encoder, negotiated):
                 self._video.encode_with(encoder)
+                twcc = offers_transport_cc(sdp)
+                self.link = self._link(video, negotiated, encoder, media, answer, twcc)
+                if twcc is not None:
+                    answer = with_transport_cc(answer, twcc)
+        self._answer = with_opus_fec(answer) if self._audio is not None else answer
+
+    def _link(
+        self,
+        video: RTCRtpTransceiver,
+        codec: RTCRtpCodecParameters,
+        encoder: LipstreamH264Encoder,
+        media: PeerMedia,
+        answer: str,
+        transport_cc: int | None,
+    ) -> LinkController:
+        """The call's link on the video's transport (``docs/architecture.md`` §19)."""
+        ssrc, rtx_ssrc = sender_ssrcs(video.sender)
+        rtx = [
+            c.payloadType
+            for c in negotiated_codecs(video)
+            if is_rtx(c) and c.parameters.get("apt") == codec.payloadType
+        ]
+        streams = Streams(
+            video_ssrc=ssrc,
+            rtx_ssrc=rtx_ssrc if rtx else None,
+            rtx_payload_type=rtx[0] if rtx else None,
+            abs_send_time_id=abs_send_time_id(answer),
+            transport_cc_id=transport_cc,
+        )
+        transport = video.sender.transport
+        sender = MediaSender(streams, transport_send(transport), Pacer(encoder.target_bitrate))
+        link = LinkController(
+            sender,
+            encoder,
+            top_bps=encoder.config.bitrate,
+            fps=media.fps,
+            audio=self._audio is not None,
+            on_audio_loss=media.audio_loss,
+        )
+        route_transport(transport, sender.send, link.rtcp)
+        self._tasks.spawn("link", _run_link(link))
+        return link
 
     def _decode_on_arrival(
         self, transceiver: RTCRtpTransceiver, into: Callable[[np.ndarray], None]
@@ -299,9 +364,8 @@ class Peer:
 
     @property
     def answer_sdp(self) -> str:
-        """The SDP answer to the caller's offer."""
-        description = self._pc.localDescription
-        return "" if description is None else str(description.sdp)
+        """The SDP answer to the caller's offer (aiortc's, with what the link asks for)."""
+        return self._answer
 
     @property
     def state(self) -> PeerState:
@@ -365,6 +429,12 @@ class Peer:
                 "closing the peer connection failed: session=%s", self.session_id, exc_info=True
             )
         self._state = PeerState.CLOSED
+
+
+async def _run_link(link: LinkController) -> str | None:
+    """The call's ``link`` task: runs until the call ends (cancelled with it)."""
+    await link.run()
+    return None
 
 
 async def _consume(track: MediaStreamTrack, into: Callable[[np.ndarray], None]) -> None:

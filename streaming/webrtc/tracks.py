@@ -149,9 +149,15 @@ class OpusChunkEncoder:
     speech after such a gap starts from a codec that skipped the gap, so its first
     packets differ in rate control from those of one that encoded it; what is heard
     differs far less than the codec's own error (``tests/test_media_tracks.py``).
+
+    With ``fec_percent`` (the loss the caller reports, ``docs/architecture.md`` §19) the
+    encoder adds in-band FEC for that much loss: libopus's ``voip`` mode (its SILK and
+    hybrid frames carry FEC; ``lowdelay`` is CELT only and cannot), 4 ms more codec
+    delay, only for calls whose caller loses packets.
     """
 
-    def __init__(self, bitrate: int = OPUS_BITRATE) -> None:
+    def __init__(self, bitrate: int = OPUS_BITRATE, *, fec_percent: int = 0) -> None:
+        self.fec_percent = fec_percent
         self._time_base = fractions.Fraction(1, OUT_RATE)
         codec = av.CodecContext.create("libopus", "w")
         codec.sample_rate = OUT_RATE
@@ -159,15 +165,28 @@ class OpusChunkEncoder:
         codec.format = "flt"
         codec.bit_rate = bitrate
         codec.time_base = self._time_base
-        # "lowdelay" (CELT only) at complexity 5: at 48 kbit/s the voice comes back
-        # closer to the original (22.8 dB SNR on the bundled speech sample against 11.9
-        # for "voip"), 4 ms sooner (2.5 ms of codec delay against 6.4) and for less than
-        # half the CPU (0.097 ms per chunk against 0.222 on the development VM).
+        # "lowdelay" (CELT only) at complexity 5, constrained VBR: at 48 kbit/s the voice
+        # comes back closer to the original (17.3 dB SNR on the bundled speech sample
+        # against 11.9 for "voip"), 4 ms sooner (2.5 ms of codec delay against 6.4) and
+        # for less than half the CPU (0.097 ms per chunk against 0.222 on the
+        # development VM). Unconstrained, libopus spent 90 kbit/s on that speech
+        # (22.8 dB): a voice twice what the link's estimate leaves it (docs/architecture.md
+        # §19).
         codec.options = {
             "application": "lowdelay",
             "frame_duration": "20",
             "compression_level": "5",
+            "vbr": "constrained",
         }
+        if fec_percent > 0:
+            codec.options = {
+                "application": "voip",
+                "frame_duration": "20",
+                "compression_level": "5",
+                "vbr": "constrained",
+                "fec": "1",
+                "packet_loss": str(min(100, fec_percent)),
+            }
         codec.open()
         self._codec = codec
         # A codec that has encoded nothing yet would start the first sound it is given
@@ -212,6 +231,14 @@ def stamped(payload: bytes, index: int) -> av.Packet[Any]:
     packet.pts = index * CHUNK_SAMPLES
     packet.time_base = fractions.Fraction(1, OUT_RATE)
     return packet
+
+
+def fec_percent(loss: float) -> int:
+    """The packet loss, in percent, an Opus encoder is told to protect against for a
+    caller that reports ``loss`` (0: no FEC, below 1 % loss)."""
+    if loss < 0.01:
+        return 0
+    return next((step for step in (5, 10, 20, 30) if loss * 100 <= step), 40)
 
 
 #: One 20 ms Opus frame of silence, what a chunk that must not be heard is replaced by

@@ -25,11 +25,15 @@ Per session, with aiortc 1.16, the order matters::
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import av
+import cv2
 import numpy as np
 from aiortc import RTCRtpCodecParameters, RTCRtpSender, RTCRtpTransceiver
 from aiortc.codecs import is_rtx
@@ -48,33 +52,80 @@ from streaming.webrtc.encoder_config import TIME_BASE, CodecName, EncoderConfig,
 logger = logging.getLogger(__name__)
 
 _PROBE_SIZE = (256, 144)
+#: FFmpeg's quality stats give QP × FF_QP2LAMBDA.
+_QP2LAMBDA = 118
+#: The codec is opened at HEADROOM × the target (its maximum rate) with a VBV buffer for
+#: the target, then given the target: x264 follows a bitrate moved in place, down and
+#: back up to the rate it was opened at, but not above it, and not at all when it was
+#: opened with a maximum rate of its own. So the codec is re-opened (an IDR sized for
+#: the new rate) when the target rises above the rate opened at (no sooner than a
+#: second after the last IDR), and when it falls under REOPEN_BELOW × the target it was
+#: opened for: x264 would otherwise go on at up to twice the new target for a second or
+#: two, on a link that just said it cannot carry it (docs/architecture.md §19).
+HEADROOM = 2.0
+REOPEN_BELOW = 0.7
 
 
 class LipstreamH264Encoder(H264Encoder):
-    """aiortc's H.264 encoder opened with an :class:`EncoderConfig`.
+    """aiortc's H.264 encoder opened with an :class:`EncoderConfig`, steered by the
+    call's link (``docs/architecture.md`` §19).
 
-    aiortc's packetizer, ``encode()`` and REMB handling are inherited. REMB moves
-    ``target_bitrate`` within [0.25×, 1×] of the configured bitrate, and the open codec
-    follows it in place (FFmpeg reconfigures x264's rate control, and NVENC's where the
-    GPU supports dynamic bitrate): unlike aiortc, which re-creates the codec on a 10%
-    move, no IDR burst and no new encoder threads. A new frame size re-opens the codec.
-    A forced keyframe (PLI) is an IDR. If NVENC cannot be opened for this stream (e.g. the GPU's
-    session limit), the stream falls back to libx264 with a warning.
+    aiortc's packetizer and ``encode()`` are inherited. The call's link controller sets
+    the target bitrate and the quality ladder's step (:meth:`set_link`): small moves of the
+    bitrate are followed in place (FFmpeg reconfigures x264's rate control, and NVENC's
+    where the GPU supports it), without an IDR; a step's other frame size or rate
+    re-opens the codec. Frames come at the avatar's size and are scaled to the step's.
+    The VBV buffer and maximum rate are the ones the codec was opened with (FFmpeg
+    cannot change them on an open x264, and x264 does not go above them), so when the
+    target has moved far from that rate the codec is re-opened: an IDR sized for the new
+    rate (:data:`HEADROOM`, :data:`REOPEN_BELOW`). Keyframe requests from the
+    caller (PLI/FIR) are answered at most once per ``keyframe_interval_s`` after the last
+    IDR sent (the link sets it from the round trip); the call's own reasons for an IDR
+    (leaving a shared loop) always are. If
+    NVENC cannot be opened for this stream (e.g. the GPU's session limit), the stream
+    falls back to libx264 with a warning.
     """
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(
+        self, config: EncoderConfig, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
-        self._config = config
+        self._top = config  # the full picture, at the avatar's size
+        self._config = config  # the step frames are encoded at
+        self._step = (1.0, config.fps)
         self._target = config.bitrate
+        self._opened_at_rate = config.bitrate  # the codec's maximum rate
+        self._opened_for = config.bitrate  # the target it was opened for
         self._keyframe_wanted = False
+        self._since_idr = 0
+        self._clock = clock
+        self._last_idr_at = -math.inf
+        #: The least time between two IDRs a caller's PLI/FIR may ask for.
+        self.keyframe_interval_s = 0.0
+        self.keyframe_requests = 0
+        self.keyframe_requests_ignored = 0
+        #: QP of the live P-frames encoded lately (read and emptied by the link).
+        self.qps: deque[float] = deque(maxlen=64)
+        self.frames_scaled = 0
 
     def request_keyframe(self) -> None:
-        """The receiver lost the picture (PLI/FIR): the next frame encoded is an IDR.
+        """The next frame encoded is an IDR (the call's own need: e.g. leaving a shared
+        idle loop). Never throttled: the decoder cannot follow without it."""
+        self._keyframe_wanted = True
+
+    def peer_requests_keyframe(self) -> None:
+        """The caller lost the picture (PLI/FIR): an IDR unless one went out less than
+        :attr:`keyframe_interval_s` ago (it is on its way; a burst of requests for one
+        loss gets one IDR).
 
         aiortc passes its own flag only to frames it encodes itself; frames handed to it
         encoded (:meth:`encode_packet`) learn of the request here (see
         :func:`~streaming.webrtc.compat.forward_keyframe_requests`).
         """
+        self.keyframe_requests += 1
+        if self._clock() - self._last_idr_at < self.keyframe_interval_s:
+            self.keyframe_requests_ignored += 1
+            return
         self._keyframe_wanted = True
 
     @property
@@ -86,6 +137,25 @@ class LipstreamH264Encoder(H264Encoder):
         """A keyframe was sent without this encoder (a shared idle loop's IDR): the
         request is answered."""
         self._keyframe_wanted = False
+        self._last_idr_at = self._clock()
+
+    def set_link(self, scale: float, fps: int, bitrate: int) -> None:
+        """Encode from the next frame on at the ladder step ``scale`` × the avatar's size,
+        ``fps`` frames a second, aiming at ``bitrate`` (clamped to the step's)."""
+        self._step = (scale, fps)
+        self._config = self._top.at_step(scale, fps)
+        self.target_bitrate = bitrate
+
+    @property
+    def sends_every_frame(self) -> bool:
+        """Whether this step sends every frame of the call (its frame rate is full)."""
+        return self._config.fps >= self._top.fps
+
+    def sends(self, index: int) -> bool:
+        """Whether frame ``index`` of the call's full-rate stream is sent at this step
+        (all of them, unless the step lowered the frame rate)."""
+        full, rate = self._top.fps, self._config.fps
+        return rate >= full or (index * rate) // full != ((index - 1) * rate) // full
 
     def encode_packet(self, frame: av.VideoFrame) -> av.Packet[Any]:
         """Encode and packetise ``frame`` off the event loop, for the sender to send as is.
@@ -98,11 +168,7 @@ class LipstreamH264Encoder(H264Encoder):
         """
         force, self._keyframe_wanted = self._keyframe_wanted, False
         payloads, timestamp = self.encode(frame, force)
-        packet = av.Packet(b"")
-        packet.pts = timestamp
-        packet.time_base = TIME_BASE
-        packet.opaque = payloads
-        return packet
+        return payload_packet(payloads, timestamp)
 
     def pack(self, packet: av.Packet[Any]) -> tuple[list[bytes], int]:
         """RTP payloads and timestamp of ``packet``: as made by :meth:`encode_packet`, or
@@ -115,12 +181,18 @@ class LipstreamH264Encoder(H264Encoder):
 
     @property
     def config(self) -> EncoderConfig:
-        """The config in use (after any size change or NVENC fallback)."""
+        """The config the next frame is encoded with: the link's step (after any avatar
+        size change or NVENC fallback)."""
         return self._config
 
     @property
+    def source_size(self) -> tuple[int, int]:
+        """The avatar's frame size, before the ladder's step scales it."""
+        return self._top.width, self._top.height
+
+    @property
     def target_bitrate(self) -> int:
-        """Target bitrate in bits per second, as REMB last asked, clamped."""
+        """The bitrate the link asks for, clamped to the step's."""
         return self._target
 
     @target_bitrate.setter
@@ -132,41 +204,117 @@ class LipstreamH264Encoder(H264Encoder):
         # runs, so PyAV rebasing the frame's pts cannot change the RTP timestamp.
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
+        self._follow_source(frame.width, frame.height)
+        config = self._config
+        if (frame.width, frame.height) != (config.width, config.height):
+            frame = self._scaled(frame, config)
         codec = self.codec
-        if codec is not None and (frame.width, frame.height) != (codec.width, codec.height):
+        target = self._target
+        # An IDR is forced one frame before x264's own interval would make one, so that
+        # every IDR passes here and may re-open the codec at the current rate.
+        idr = force_keyframe or self._since_idr >= config.gop - 1
+        if codec is not None and (
+            (codec.width, codec.height) != (config.width, config.height)
+            or codec.framerate != config.fps
+            or target < REOPEN_BELOW * self._opened_for
+            or (target > self._opened_at_rate and (idr or self._since_idr >= config.fps))
+        ):
             self.buffer_data = b""
             self.buffer_pts = None
             codec = self.codec = None
-        if codec is not None and codec.bit_rate != self._target:
-            codec.bit_rate = self._target  # read by the encoder on its next frame
+        if codec is not None and codec.bit_rate != target:
+            codec.bit_rate = target  # read by the encoder on its next frame
         # With forced-idr=1 an I picture request becomes an IDR; NONE lets the encoder
         # decide (a frame object reused by the track may carry an old type).
-        frame.pict_type = PictureType.I if force_keyframe else PictureType.NONE
+        frame.pict_type = PictureType.I if idr else PictureType.NONE
         if codec is None:
-            codec = self.codec = self._open(frame.width, frame.height)
-        data = b"".join(bytes(packet) for packet in codec.encode(frame))
+            codec = self.codec = self._open(config, target)
+        data = b""
+        for packet in codec.encode(frame):
+            data += bytes(packet)
+            self._note(packet)
         if data:
             yield from self._split_bitstream(data)
 
-    def _open(self, width: int, height: int) -> VideoCodecContext:
-        if (width, height) != (self._config.width, self._config.height):
-            # A call that switched to an avatar of another size (docs/architecture.md §18).
-            logger.info(
-                "video frames are %dx%d, the encoder was configured for %dx%d; re-opening",
-                width,
-                height,
-                self._config.width,
-                self._config.height,
-            )
-            self._config = self._config.resized(width, height)
+    def _note(self, packet: av.Packet[Any]) -> None:
+        if packet.is_keyframe:
+            self._since_idr = 0
+            self._last_idr_at = self._clock()
+            return
+        self._since_idr += 1
+        if packet.has_sidedata("quality_stats"):
+            quality = int.from_bytes(bytes(packet.get_sidedata("quality_stats"))[:4], "little")
+            self.qps.append(quality / _QP2LAMBDA)
+
+    def _follow_source(self, width: int, height: int) -> None:
+        """Frames of another size than the avatar's: the call switched to an avatar of
+        that size (``docs/architecture.md`` §18); the step applies to it."""
+        top = self._top
+        if (width, height) in ((top.width, top.height), (self._config.width, self._config.height)):
+            return
+        logger.info(
+            "video frames are %dx%d, the encoder was configured for %dx%d; re-opening",
+            width,
+            height,
+            top.width,
+            top.height,
+        )
+        self._top = top.resized(width, height)
+        self._config = self._top.at_step(*self._step)
+
+    def _scaled(self, frame: av.VideoFrame, config: EncoderConfig) -> av.VideoFrame:
+        self.frames_scaled += 1
+        image = scale_yuv420p(
+            frame.to_ndarray(), frame.width, frame.height, config.width, config.height
+        )
+        scaled = av.VideoFrame.from_numpy_buffer(image, format="yuv420p")
+        scaled.pts, scaled.time_base = frame.pts, frame.time_base
+        return scaled
+
+    def _open(self, config: EncoderConfig, target: int) -> VideoCodecContext:
+        """A codec for ``target`` with room to follow it up to :data:`HEADROOM` × in place
+        (x264 follows a bitrate moved in place up to the rate it was opened at), its VBV
+        buffer sized for ``target``."""
+        rate = max(target, min(config.bitrate, round(HEADROOM * target)))
+        self._opened_at_rate, self._opened_for = rate, target
+        self._since_idr = 0
         try:
-            return open_codec(self._config, self._target)
+            codec = open_codec(config, rate, vbv_bitrate=target)
         except (av.FFmpegError, ValueError) as exc:
-            if self._config.codec_name != "h264_nvenc":
+            if config.codec_name != "h264_nvenc":
                 raise
             logger.warning("h264_nvenc failed to open for this stream (%s); using libx264", exc)
-            self._config = replace(self._config, codec_name="libx264")
-            return open_codec(self._config, self._target)
+            self._top = replace(self._top, codec_name="libx264")
+            self._config = replace(config, codec_name="libx264")
+            codec = open_codec(self._config, rate, vbv_bitrate=target)
+        codec.bit_rate = target
+        return codec
+
+
+def payload_packet(payloads: list[bytes], timestamp: int) -> av.Packet[Any]:
+    """An empty packet stamped with RTP ``timestamp`` whose ``opaque`` holds ``payloads``
+    (what :meth:`LipstreamH264Encoder.pack` hands to aiortc's sender; no payloads: the
+    sender sends nothing for this slot)."""
+    packet = av.Packet(b"")
+    packet.pts = timestamp
+    packet.time_base = TIME_BASE
+    packet.opaque = payloads
+    return packet
+
+
+def scale_yuv420p(
+    image: np.ndarray, width: int, height: int, to_width: int, to_height: int
+) -> np.ndarray:
+    """A yuv420p array of ``width``×``height`` resized to ``to_width``×``to_height``
+    (each plane by area averaging: the ladder only ever shrinks)."""
+    y = image[:height]
+    chroma = image[height:].reshape(2, height // 2, width // 2)
+    out = np.empty((to_height * 3 // 2, to_width), dtype=np.uint8)
+    out[:to_height] = cv2.resize(y, (to_width, to_height), interpolation=cv2.INTER_AREA)
+    planes = out[to_height:].reshape(2, to_height // 2, to_width // 2)
+    for plane, source in zip(planes, chroma, strict=True):
+        plane[:] = cv2.resize(source, (to_width // 2, to_height // 2), interpolation=cv2.INTER_AREA)
+    return out
 
 
 def probe_nvenc(settings: VideoSettings) -> str | None:
@@ -277,5 +425,5 @@ def install_encoder(
     if sender.kind != "video":
         raise ValueError(f"an H.264 encoder needs a video sender, not {sender.kind!r}")
     install_sender_encoder(sender, encoder)
-    forward_keyframe_requests(sender, encoder.request_keyframe)
+    forward_keyframe_requests(sender, encoder.peer_requests_keyframe)
     return True

@@ -1,0 +1,192 @@
+"""The call's bandwidth estimate, from everything its caller reports.
+
+:class:`BandwidthEstimator` is fed the caller's feedback as the link controller reads
+it and keeps one number, :attr:`BandwidthEstimator.estimate_bps`: what the call may send
+in all, audio and video (``docs/architecture.md`` §19). It runs one of three ways,
+chosen by what the caller sends:
+
+- **transport-cc** (browsers, when the answer offers it): per-packet arrival times; our
+  delay detector and :class:`~.estimate.RateControl`, a guard against a queue that
+  stands without growing (:class:`~.delay_based.QueueGuard`: it is cut like overuse),
+  loss from the same feedback, and probes measured by their arrivals. A probe that
+  found room lifts the estimate on trial: if within :data:`TRIAL_S` the caller receives
+  less than we send (a token bucket let the probe through and now caps the rate) or
+  the link congests, the estimate falls back to what the caller received (never below
+where it was) and probes back off;
+- **REMB** (a caller that sends only REMB, e.g. aiortc): :class:`~.estimate.RembRate`,
+  loss from receiver reports and NACKs;
+- neither (a caller that reports only loss): loss alone.
+
+In every case the estimate is the lower of the first two halves and the loss-based
+rate. Loss is judged over windows of at least :data:`LOSS_WINDOW_S` and
+:data:`LOSS_WINDOW_PACKETS`: over fewer, 5 % random loss would look like 15 % one time
+in fourteen and shrink the picture for nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from streaming.link.delay_based import DelayDetector, QueueGuard, Usage
+from streaming.link.estimate import BETA, LOSS_LOW, LossBasedRate, RateControl, RateLimits, RembRate
+from streaming.link.feedback import FeedbackResult, RateWindow
+from streaming.link.probes import ProbePlanner
+
+#: How long a probe's lift is on trial (module doc).
+TRIAL_S = 2.0
+#: During a trial, receiving under this × what we send means the lift does not hold.
+TRIAL_RECEIVED = 0.85
+LOSS_WINDOW_S = 1.0
+LOSS_WINDOW_PACKETS = 50
+#: The round trip assumed until one is measured.
+DEFAULT_RTT_S = 0.1
+
+
+class Mode(enum.StrEnum):
+    TRANSPORT_CC = "transport-cc"
+    REMB = "remb"
+    LOSS = "loss"
+
+
+class BandwidthEstimator:
+    """One call's estimate (module doc). Times are seconds on one monotonic clock."""
+
+    def __init__(self, limits: RateLimits, *, transport_cc: bool) -> None:
+        self.limits = limits
+        self.mode = Mode.TRANSPORT_CC if transport_cc else Mode.LOSS
+        self._delay = DelayDetector()
+        self._queue = QueueGuard()
+        self._trial: tuple[int, float] | None = None  # (the estimate before, since when)
+        self._rate = RateControl(limits)
+        self._remb = RembRate(limits)
+        self._loss = LossBasedRate(limits)
+        self._received = RateWindow(1.0)  # on the caller's clock
+        self._received_now: float | None = None  # the latest arrival, on that clock
+        self.probes = ProbePlanner(limits.max_bps)
+        self.rtt_s = DEFAULT_RTT_S
+        self.rtt_measured = False
+        self.usage = Usage.NORMAL
+        self._lost = self._reported = 0
+        self._window_start: float | None = None
+        self.last_loss = 0.0
+        self.remb_bps: int | None = None
+
+    @property
+    def estimate_bps(self) -> int:
+        if self.mode is Mode.TRANSPORT_CC:
+            primary = self._rate.bps
+        elif self.mode is Mode.REMB:
+            primary = self._remb.rate
+        else:
+            primary = self.limits.max_bps
+        return min(primary, self._loss.bps)
+
+    @property
+    def received_bps(self) -> float | None:
+        """What the caller received lately (transport-cc only)."""
+        now = self._received_now
+        return None if now is None else self._received.bps(now)
+
+    def round_trip(self, rtt_s: float) -> None:
+        """A round trip measured from a receiver report."""
+        if rtt_s > 0:
+            self.rtt_s = rtt_s if not self.rtt_measured else 0.8 * self.rtt_s + 0.2 * rtt_s
+            self.rtt_measured = True
+
+    @property
+    def on_trial(self) -> bool:
+        """Whether a probe's lift is still on trial (no probe is sent meanwhile)."""
+        return self._trial is not None
+
+    @property
+    def queue_s(self) -> float:
+        """The standing queue the one-way delays say (transport-cc only)."""
+        return self._queue.queue_s
+
+    def transport_feedback(self, result: FeedbackResult, now: float, sent_bps: float) -> None:
+        """A transport-cc feedback message, resolved against what was sent; ``sent_bps``
+        what we sent over the last second."""
+        self.mode = Mode.TRANSPORT_CC
+        for arrival in result.arrivals:
+            self.usage = self._delay.add(arrival.send_s, arrival.arrival_s, arrival.size)
+            self._queue.add(arrival.send_s, arrival.arrival_s)
+            self._received.add(arrival.arrival_s, arrival.size)
+            if self._received_now is None or arrival.arrival_s > self._received_now:
+                self._received_now = arrival.arrival_s
+        if result.arrivals:
+            before = self.estimate_bps
+            usage = self.usage
+            if usage is Usage.NORMAL and self._queue.standing(now):
+                usage = Usage.OVERUSE  # a queue that does not drain by itself
+                self._queue.drained()
+            self._rate.update(usage, self.received_bps, self.rtt_s, now)
+            if usage is Usage.OVERUSE:
+                self._congested(now)
+            self._judge_trial(sent_bps, now)
+            probed = self.probes.feedback(result.arrivals, result.lost_clusters)
+            if probed is not None:
+                self._probed(probed, before, now)
+        self._count_loss(result.lost, result.reported, now)
+
+    def _congested(self, now: float) -> None:
+        self.probes.congested(now)
+        if self._trial is not None:  # the lift did not hold: what the caller got then
+            before, _ = self._trial
+            self._trial = None
+            received = self.received_bps
+            measured = BETA * received if received is not None else before
+            self._rate.set_rate(max(before, min(self._rate.rate, measured)), now)
+
+    def _judge_trial(self, sent_bps: float, now: float) -> None:
+        trial, received = self._trial, self.received_bps
+        if trial is None:
+            return
+        before, since = trial
+        if received is not None and sent_bps > before and received < TRIAL_RECEIVED * sent_bps:
+            self._congested(now)
+        elif now - since >= TRIAL_S:
+            self._trial = None
+            self.probes.held()
+
+    def _probed(self, result_bps: float, before_bps: int, now: float) -> None:
+        step = self.probes.step
+        self.probes.measured(result_bps, before_bps, now)
+        lifted = min(result_bps, step * before_bps)
+        if lifted > before_bps:
+            self._trial = (before_bps, now)
+            self._rate.set_rate(max(lifted, self._rate.rate), now)
+            self._remb.lift(lifted)
+            self._loss.lift(lifted)
+
+    def remb(self, bps: int, now: float) -> None:
+        """The caller's REMB (ignored once transport-cc feedback drives the estimate)."""
+        self.remb_bps = bps
+        if self.mode is Mode.TRANSPORT_CC:
+            return
+        self.mode = Mode.REMB
+        before = self._remb.rate
+        if self._remb.update(bps) < before:
+            self.probes.congested(now)
+
+    def report_loss(self, fraction: float, packets: int, now: float) -> None:
+        """Loss a receiver report or NACKs say (not counted with transport-cc, whose
+        feedback names every packet lost)."""
+        if self.mode is Mode.TRANSPORT_CC:
+            return
+        lost = round(fraction * packets)
+        self._count_loss(lost, packets, now)
+
+    def _count_loss(self, lost: int, reported: int, now: float) -> None:
+        self._lost += lost
+        self._reported += reported
+        if self._window_start is None:
+            self._window_start = now
+        if now - self._window_start < LOSS_WINDOW_S or self._reported < LOSS_WINDOW_PACKETS:
+            return
+        loss = self._lost / self._reported
+        self.last_loss = loss
+        self._lost = self._reported = 0
+        self._window_start = now
+        self._loss.update(loss, self.estimate_bps, self.rtt_s, now)
+        if loss > LOSS_LOW:
+            self.probes.congested(now)

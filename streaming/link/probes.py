@@ -1,0 +1,176 @@
+"""Probing: a short burst above the estimate, to learn whether the link carries more.
+
+A delay-based estimate only grows about 8 % a second on its own, and a caller's REMB no
+faster, so after a dip (a train goes into a tunnel, someone else's download ends) a call
+would take tens of seconds to get its picture back. A probe asks the link directly
+(``docs/architecture.md`` §19): :data:`PROBE_PACKETS` packets sent at a rate above the
+estimate, spread over at least :data:`PROBE_MIN_S`, each stamped with its cluster. When
+their feedback is in, the rate they were *received* at is what the link carried: if
+most of them arrived (:data:`MIN_RECEIVED`) and the receive rate kept up with the send
+rate, the link carries at least that (the estimate is raised towards it, by at most
+:data:`PROBE_STEP` at a time); if the receive rate fell short, the link is full at
+about the receive rate (the estimate is not raised).
+
+:class:`ProbePlanner` says when to probe and how fast: only when the estimate is below
+the call's ceiling, no congestion was seen for :data:`QUIET_S`, and the last probe is
+older than the interval, which doubles after each probe that found nothing more (up to
+:data:`MAX_INTERVAL_S`) and is reset by one that did, so a capped link is asked rarely
+and a freed one quickly. A token bucket (a shaper, a policer) lets a burst through at
+any rate, so a probe shorter than the bucket seems to find room that is not there; a
+probe therefore lasts at least :data:`PROBE_MIN_S`, and congestion within
+:data:`FOOLED_WITHIN_S` of the jump it caused counts it as failed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from streaming.link.feedback import Arrival
+
+PROBE_PACKETS = 8
+#: A probe lasts at least this long at its rate (more packets at higher rates).
+PROBE_MIN_S = 0.05
+PROBE_PACKET_BYTES = 1200
+#: Congestion this soon after a probe lifted the estimate means the probe was fooled
+#: (a token bucket's burst lets a short probe through at any rate): it counts as failed.
+FOOLED_WITHIN_S = 3.0
+#: A probe counts only when at least this share of its packets arrived.
+MIN_RECEIVED = 0.8
+#: Received at under this × the send rate: the link is saturated at the receive rate.
+SATURATED_RATIO = 0.9
+#: How far above the estimate a probe asks (× the estimate), and the first interval.
+PROBE_FACTOR = 2.0
+#: The most a probe lifts the estimate by (× the estimate): a probe a token bucket
+#: fooled then costs a short, mild overload, and a freed link is climbed in steps.
+PROBE_STEP = 1.5
+#: Until the call first meets congestion it is starting: a probe's lift may double the
+#: estimate (from its 300 kbit/s start, full rate in four probes).
+STARTUP_FACTOR = 2.0
+FIRST_INTERVAL_S = 1.0
+MAX_INTERVAL_S = 16.0
+#: No probe until the link has been free of congestion (loss, overuse) this long.
+QUIET_S = 1.5
+
+
+@dataclass
+class Cluster:
+    """One probe's packets, as their feedback comes in."""
+
+    ident: int
+    rate_bps: int
+    packets: int
+    arrivals: list[Arrival] = field(default_factory=list)
+    lost: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.arrivals) + self.lost >= self.packets
+
+    def result_bps(self) -> float | None:
+        """What the probe measured (module doc), or None if it says nothing."""
+        if len(self.arrivals) < max(2, math.ceil(MIN_RECEIVED * self.packets)):
+            return None
+        ordered = sorted(self.arrivals, key=lambda a: a.send_s)
+        send_span = ordered[-1].send_s - ordered[0].send_s
+        by_arrival = sorted(self.arrivals, key=lambda a: a.arrival_s)
+        receive_span = by_arrival[-1].arrival_s - by_arrival[0].arrival_s
+        if send_span <= 0 or receive_span <= 0:
+            return None
+        send_bps = 8 * sum(a.size for a in ordered[:-1]) / send_span
+        receive_bps = 8 * sum(a.size for a in by_arrival[1:]) / receive_span
+        if receive_bps < SATURATED_RATIO * send_bps:
+            return 0.95 * receive_bps
+        return min(send_bps, receive_bps)
+
+
+class ProbePlanner:
+    """When to probe, and at what rate (module doc)."""
+
+    def __init__(self, ceiling_bps: int) -> None:
+        self.ceiling_bps = ceiling_bps
+        self._interval = FIRST_INTERVAL_S
+        self._last_probe = -math.inf
+        self._last_congestion = -math.inf
+        self._next_ident = 1
+        self._jumped_at = -math.inf
+        self.clusters: dict[int, Cluster] = {}
+        self.sent = 0
+        self.succeeded = 0
+
+    def congested(self, now: float) -> None:
+        """Loss or overuse was seen now."""
+        self._last_congestion = now
+        if now - self._jumped_at < FOOLED_WITHIN_S:  # the last jump did not hold
+            self._jumped_at = -math.inf
+            self.succeeded -= 1
+            self._interval = min(2 * self._interval, MAX_INTERVAL_S)
+
+    @property
+    def starting(self) -> bool:
+        """Whether no congestion has been seen yet (the call's first climb)."""
+        return self._last_congestion == -math.inf
+
+    @property
+    def step(self) -> float:
+        """The most a probe may lift the estimate by now (× the estimate)."""
+        return STARTUP_FACTOR if self.starting else PROBE_STEP
+
+    def due(self, estimate_bps: int, now: float) -> Cluster | None:
+        """A probe to send now, or None."""
+        if estimate_bps >= 0.95 * self.ceiling_bps or self.clusters:
+            return None
+        if now - self._last_congestion < QUIET_S or now - self._last_probe < self._interval:
+            return None
+        rate = int(min(self.ceiling_bps, PROBE_FACTOR * estimate_bps))
+        packets = max(PROBE_PACKETS, math.ceil(rate * PROBE_MIN_S / (8 * PROBE_PACKET_BYTES)))
+        cluster = Cluster(self._next_ident, rate, packets)
+        self._next_ident += 1
+        self._last_probe = now
+        self.clusters[cluster.ident] = cluster
+        self.sent += 1
+        return cluster
+
+    def held(self) -> None:
+        """The last probe's lift held: the link had that room; the next probe soon."""
+        self._jumped_at = -math.inf
+        self._interval = FIRST_INTERVAL_S
+
+    def abandon(self, ident: int) -> None:
+        """A probe that could not be sent (nothing to send it with)."""
+        self.clusters.pop(ident, None)
+
+    def feedback(self, arrivals: list[Arrival], lost: dict[int, int]) -> float | None:
+        """Feedback on probe packets; the rate a probe that completed measured, if any
+        measured more than nothing."""
+        for arrival in arrivals:
+            cluster = self.clusters.get(arrival.cluster) if arrival.cluster is not None else None
+            if cluster is not None:
+                cluster.arrivals.append(arrival)
+        for ident, count in lost.items():
+            if ident in self.clusters:
+                self.clusters[ident].lost += count
+        best: float | None = None
+        for ident, cluster in list(self.clusters.items()):
+            if not cluster.complete:
+                continue
+            del self.clusters[ident]
+            result = cluster.result_bps()
+            if result is not None and (best is None or result > best):
+                best = result
+        return best
+
+    def measured(self, result_bps: float | None, estimate_bps: int, now: float) -> None:
+        """A probe's result against the estimate it was sent above: found more (the
+        next probe comes soon) or not (the interval doubles)."""
+        if result_bps is not None and result_bps > 1.1 * estimate_bps:
+            self.succeeded += 1
+            self._jumped_at = now  # the interval is reset once the lift holds (held())
+        else:
+            self._interval = min(2 * self._interval, MAX_INTERVAL_S)
+
+    def expire(self, now: float, timeout_s: float = 2.0) -> None:
+        """Forget probes whose feedback never came (the caller sends none, or it was lost)."""
+        if self.clusters and now - self._last_probe > timeout_s:
+            self.clusters.clear()
+            self._interval = min(2 * self._interval, MAX_INTERVAL_S)
