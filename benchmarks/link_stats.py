@@ -55,7 +55,8 @@ SAMPLER_JS = """
           v_nacks: r.nackCount ?? 0, v_plis: r.pliCount ?? 0, v_firs: r.firCount ?? 0,
           v_width: r.frameWidth ?? 0, v_height: r.frameHeight ?? 0,
           v_dropped: r.framesDropped ?? 0,
-          v_jb_target: r.jitterBufferTargetDelay ?? 0, v_jb_minimum: r.jitterBufferMinimumDelay ?? 0,
+          v_jb_target: r.jitterBufferTargetDelay ?? 0,
+          v_jb_minimum: r.jitterBufferMinimumDelay ?? 0,
           v_interframe: r.totalInterFrameDelay ?? 0,
           v_interframe_sq: r.totalSquaredInterFrameDelay ?? 0,
         });
@@ -66,7 +67,8 @@ SAMPLER_JS = """
           a_bytes: (r.bytesReceived ?? 0) + (r.headerBytesReceived ?? 0),
           a_jb_delay: r.jitterBufferDelay ?? 0, a_jb_count: r.jitterBufferEmittedCount ?? 0,
           a_fec: r.fecPacketsReceived ?? 0,
-          a_jb_target: r.jitterBufferTargetDelay ?? 0, a_jb_minimum: r.jitterBufferMinimumDelay ?? 0,
+          a_jb_target: r.jitterBufferTargetDelay ?? 0,
+          a_jb_minimum: r.jitterBufferMinimumDelay ?? 0,
         });
       } else if (r.type === "transport" && r.selectedCandidatePairId) {
         pairId = r.selectedCandidatePairId;

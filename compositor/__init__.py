@@ -21,6 +21,7 @@ from compositor.yuv import (
     frame_size,
     i420_to_bgr,
     planes,
+    resize_i420,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "frame_size",
     "i420_to_bgr",
     "planes",
+    "resize_i420",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from compositor.yuv import Frame, frame_size, planes
+from compositor.yuv import Frame, frame_size, resize_i420
 
 
 def fade_weight(position: int, frames: int) -> float:
@@ -30,15 +30,6 @@ def crossfade(outgoing: Frame, incoming: Frame, weight: float) -> Frame:
     """
     width, height = frame_size(incoming)
     if frame_size(outgoing) != (width, height):
-        outgoing = _resized(outgoing, width, height)
+        outgoing = resize_i420(outgoing, width, height)
     mixed = cv2.addWeighted(incoming, float(weight), outgoing, 1.0 - float(weight), 0.0)
     return np.ascontiguousarray(mixed)
-
-
-def _resized(frame: Frame, width: int, height: int) -> Frame:
-    """``frame`` scaled plane by plane to ``width`` × ``height`` (both even)."""
-    out = np.empty((height * 3 // 2, width), np.uint8)
-    for source, target in zip(planes(frame), planes(out), strict=True):
-        size = (target.shape[1], target.shape[0])
-        target[...] = cv2.resize(source, size, interpolation=cv2.INTER_AREA)
-    return out

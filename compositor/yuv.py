@@ -68,6 +68,16 @@ def planes(frame: Frame) -> tuple[Frame, Frame, Frame]:
     return y, u, v
 
 
+def resize_i420(frame: Frame, width: int, height: int) -> Frame:
+    """``frame`` scaled plane by plane to ``width`` × ``height`` (both even), by area
+    averaging: a new frame (a call's smaller ladder step, a dissolve's outgoing picture)."""
+    out = np.empty((height * 3 // 2, width), np.uint8)
+    for source, target in zip(planes(np.ascontiguousarray(frame)), planes(out), strict=True):
+        size = (target.shape[1], target.shape[0])
+        target[...] = cv2.resize(source, size, interpolation=cv2.INTER_AREA)
+    return out
+
+
 def check_rect(rect: Rect, frame_w: int, frame_h: int) -> None:
     """Raise ``ValueError`` unless ``rect`` is non-empty, even-aligned and inside the frame."""
     x1, y1, x2, y2 = rect

@@ -338,9 +338,7 @@ class VideoSettings(_Section):
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
     idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True
-    idle_bitrate_rungs: tuple[float, ...] = Field(
-        default=(1.0, 0.5, 0.25, 0.125), min_length=1
-    )
+    idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25, 0.125), min_length=1)
     switch_fade_s: float = Field(default=0.32, ge=0, le=2)
 
     @field_validator("idle_bitrate_rungs")
@@ -349,8 +347,7 @@ class VideoSettings(_Section):
         for rung in value:
             if not 0.05 <= rung <= 1.0:
                 raise ValueError(
-                    f"each rung is a fraction of the ladder step's bitrate in 0.05..1.0, "
-                    f"got {rung}"
+                    f"each rung is a fraction of the ladder step's bitrate in 0.05..1.0, got {rung}"
                 )
         return tuple(sorted(set(value), reverse=True))
 

@@ -342,7 +342,7 @@ async def test_the_rung_follows_the_target_bitrate() -> None:
     for index in range(8):
         call.send(index, face=False)
     assert call.sharing.rung_bitrate == bitrate
-    call.encoder.target_bitrate = round(0.3 * bitrate)  # what a REMB of 0.3x sets
+    call.encoder.target_bitrate = round(0.3 * bitrate)  # what the call's link may set
     for index in range(8, 12):
         call.send(index, face=False)  # the 0.25 rung is built in the background ...
     assert call.sharing.rung_bitrate == bitrate
@@ -363,5 +363,5 @@ def test_sharing_is_a_setting() -> None:
     assert Settings.model_validate(
         {"video": {"idle_bitrate_rungs": [0.5, 1.0]}}
     ).video.idle_bitrate_rungs == (1.0, 0.5)
-    with pytest.raises(ValueError, match=r"0\.25\.\.1\.0"):
-        Settings.model_validate({"video": {"idle_bitrate_rungs": [0.1]}})
+    with pytest.raises(ValueError, match=r"0\.05\.\.1\.0"):
+        Settings.model_validate({"video": {"idle_bitrate_rungs": [0.01]}})

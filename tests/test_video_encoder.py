@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from fractions import Fraction
@@ -23,14 +24,13 @@ from aiortc.exceptions import OperationError
 
 from config.settings import VideoSettings
 from streaming.webrtc.compat import receiver_codecs, sender_encoder
+from streaming.webrtc.encoder_config import VBV_S
+from streaming.webrtc.h264_sender import install_encoder, negotiated_codec, prefer_h264
 from streaming.webrtc.video_encoder import (
     EncoderConfig,
     EncoderFactory,
     LipstreamH264Encoder,
-    install_encoder,
-    negotiated_codec,
     pick_encoder,
-    prefer_h264,
     probe_nvenc,
 )
 from tests.live_calls import TIMEOUT_S
@@ -146,6 +146,7 @@ def test_stream_is_constrained_baseline_with_our_x264_options(preset: str, subme
     assert options["rc_lookahead"] == "0"  # tune=zerolatency
     assert options["bitrate"] == "1200"  # kbit/s, 320x240 at 25 fps
     assert options["vbv_maxrate"] == "1200"
+    assert options["vbv_bufsize"] == str(round(1200 * VBV_S))
 
 
 def test_frames_in_another_pixel_format_are_converted() -> None:
@@ -156,7 +157,7 @@ def test_frames_in_another_pixel_format_are_converted() -> None:
     assert [(f.width, f.height) for f in decoded] == [(WIDTH, HEIGHT)]
 
 
-def test_remb_is_clamped_and_followed_in_place_without_an_idr() -> None:
+def test_the_links_target_is_clamped_and_small_moves_are_followed_in_place() -> None:
     enc = encoder()  # 1.2 Mbit/s configured
     enc.encode(video_frame(0))
     codec = enc.codec
@@ -166,15 +167,53 @@ def test_remb_is_clamped_and_followed_in_place_without_an_idr() -> None:
     enc.target_bitrate = 100_000_000
     assert enc.target_bitrate == 1_200_000  # the configured bitrate is the ceiling
     enc.target_bitrate = 1_000
-    assert enc.target_bitrate == 300_000  # 0.25x
+    assert enc.target_bitrate == 30_000  # the least any stream is given
+    enc.target_bitrate = 900_000  # 0.75x: within what x264 follows in place
 
     payloads, _ = enc.encode(video_frame(1))
-    assert enc.codec is codec, "a bitrate change must not re-create the codec"
-    assert codec.bit_rate == 300_000
-    assert NAL_IDR not in nal_types(access_unit(payloads)), "no IDR burst on a REMB move"
+    assert enc.codec is codec, "a small bitrate change must not re-create the codec"
+    assert codec.bit_rate == 900_000
+    assert NAL_IDR not in nal_types(access_unit(payloads)), "no IDR on a small move"
 
 
-def test_a_lower_remb_target_lowers_the_bitrate_x264_produces() -> None:
+def test_a_large_drop_reopens_with_an_idr_sized_for_the_new_rate() -> None:
+    enc = encoder()  # 1.2 Mbit/s
+    for i in range(5):
+        enc.encode(video_frame(i))
+    before = enc.codec
+    enc.target_bitrate = 300_000  # under REOPEN_BELOW x the target it was opened for
+    au = access_unit(enc.encode(video_frame(5))[0])
+    assert NAL_IDR in nal_types(au)
+    assert x264_options(au)["vbv_bufsize"] == str(round(300 * VBV_S))  # sized for 300
+    reopened = enc.codec
+    assert reopened is not before
+    assert reopened is not None
+    assert reopened.bit_rate == 300_000
+    # opened with room (HEADROOM x) to follow the target back up in place
+    enc.target_bitrate = 550_000
+    assert NAL_IDR not in nal_types(access_unit(enc.encode(video_frame(6))[0]))
+    assert enc.codec is reopened
+
+
+def test_a_rise_within_the_headroom_is_in_place_and_beyond_it_reopens_after_a_second() -> None:
+    enc = encoder()
+    enc.target_bitrate = 300_000
+    enc.encode(video_frame(0))  # opened for 300 kbit/s, at up to 600
+    codec = enc.codec
+    enc.target_bitrate = 550_000
+    assert NAL_IDR not in nal_types(access_unit(enc.encode(video_frame(1))[0]))
+    assert enc.codec is codec
+    assert codec is not None
+    assert codec.bit_rate == 550_000
+    enc.target_bitrate = 1_000_000  # beyond the rate it was opened at
+    idrs = [
+        i for i in range(2, 30) if NAL_IDR in nal_types(access_unit(enc.encode(video_frame(i))[0]))
+    ]
+    assert idrs == [26]  # after a second (25 P-frames) since the last IDR, not at once
+    assert enc.codec is not codec
+
+
+def test_a_lower_target_lowers_the_bitrate_x264_produces() -> None:
     enc = encoder()  # 1.2 Mbit/s configured, 320x240
     rng = np.random.default_rng(3)
     noise = rng.integers(0, 256, (HEIGHT * 3 // 2, WIDTH), dtype=np.uint8)
@@ -192,6 +231,64 @@ def test_a_lower_remb_target_lowers_the_bitrate_x264_produces() -> None:
     bits(50, 25)  # the VBV buffer drains
     after = bits(75, 50)
     assert after < before * 0.5, (before, after)
+
+
+def test_a_ladder_step_scales_the_frames_and_reopens_at_the_steps_size() -> None:
+    enc = encoder()  # 320x240 avatar frames
+    enc.encode(video_frame(0))
+    enc.set_link(0.5, 25, 200_000)
+    assert (enc.config.width, enc.config.height) == (160, 120)
+    assert enc.config.bitrate == 300_000  # the 1.2 Mbit/s ceiling, by pixel rate
+    decoder = av.CodecContext.create("h264", "r")
+    payloads, _ = enc.encode(video_frame(1))  # frames keep coming at the avatar's size
+    au = access_unit(payloads)
+    assert NAL_IDR in nal_types(au)
+    decoded = decoder.decode(av.Packet(au))
+    assert [(f.width, f.height) for f in decoded] == [(160, 120)]
+    assert enc.frames_scaled == 1
+    assert enc.source_size == (WIDTH, HEIGHT)
+
+
+def test_a_lower_frame_rate_step_sends_only_its_share_of_frames() -> None:
+    enc = encoder()
+    assert all(enc.sends(i) for i in range(25))
+    assert enc.sends_every_frame
+    enc.set_link(0.5, 15, 100_000)
+    assert not enc.sends_every_frame
+    sent = [i for i in range(1, 26) if enc.sends(i)]
+    assert len(sent) == 15  # 15 of every 25
+    assert max(b - a for a, b in itertools.pairwise(sent)) == 2  # never two left out
+
+
+def test_the_callers_keyframe_requests_are_answered_once_per_interval() -> None:
+    now = [0.0]
+    enc = LipstreamH264Encoder(
+        EncoderConfig.from_settings(VideoSettings(), WIDTH, HEIGHT), clock=lambda: now[0]
+    )
+    enc.keyframe_interval_s = 0.3
+    enc.encode_packet(video_frame(0))  # the stream's first IDR, at t = 0
+    now[0] = 0.1
+    enc.peer_requests_keyframe()  # the IDR is still on its way
+    assert not enc.keyframe_wanted
+    now[0] = 0.5
+    enc.peer_requests_keyframe()
+    enc.peer_requests_keyframe()  # a burst of requests for one loss
+    assert enc.keyframe_wanted
+    assert NAL_IDR in nal_types(access_unit(enc.encode_packet(video_frame(1)).opaque))
+    now[0] = 0.6
+    enc.peer_requests_keyframe()
+    assert not enc.keyframe_wanted
+    enc.request_keyframe()  # the call's own need (leaving a shared loop): always
+    assert enc.keyframe_wanted
+    assert (enc.keyframe_requests, enc.keyframe_requests_ignored) == (4, 2)
+
+
+def test_the_qp_of_each_live_p_frame_is_reported() -> None:
+    enc = encoder()
+    for i in range(6):
+        enc.encode(video_frame(i))
+    assert len(enc.qps) == 5  # the first frame is an IDR
+    assert all(0 < qp <= 51 for qp in enc.qps)
 
 
 @pytest.mark.parametrize("preset", ["ultrafast", "superfast"])
@@ -255,7 +352,7 @@ def test_explicit_bitrate_is_honoured() -> None:
     for width, height in [(WIDTH, HEIGHT), (1280, 720), (1920, 1080)]:
         config = EncoderConfig.from_settings(settings, width, height)
         assert config.bitrate == 800_000
-        assert (config.min_bitrate, config.max_bitrate) == (200_000, 800_000)
+        assert (config.min_bitrate, config.max_bitrate) == (30_000, 800_000)
 
 
 def test_x264_and_nvenc_get_low_latency_options() -> None:

@@ -32,8 +32,9 @@ import av
 import numpy as np
 
 from compositor.clips import Clip, bounce_index
+from compositor.yuv import resize_i420
 from streaming.webrtc.encoder_config import TIME_BASE, EncoderConfig, open_codec
-from streaming.webrtc.video_encoder import LipstreamH264Encoder, scale_yuv420p
+from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def encode_loop(key: LoopKey, frame_at: Callable[[int], np.ndarray]) -> EncodedL
         image = frame_at(key.frame(position))
         height, width = image.shape[0] * 2 // 3, image.shape[1]
         if (width, height) != (config.width, config.height):  # a smaller ladder step (§19)
-            image = scale_yuv420p(image, width, height, config.width, config.height)
+            image = resize_i420(image, config.width, config.height)
         frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(image), format="yuv420p")
         frame.pts = int(position * _VIDEO_CLOCK / fps)
         frame.time_base = TIME_BASE

@@ -336,9 +336,8 @@ class FrameRenderer:
     ) -> av.Packet[Any] | asyncio.Future[av.Packet[Any]]:
         """Frame ``index`` is the next to go out: an idle frame (``frame`` None) as the
         shared loop's packet when the call can share it, else its encode on the executor.
-        Called once per frame sent, in order. At a ladder step with a lower frame rate,
-        a frame the step leaves out is an empty packet: aiortc sends nothing for it
-        (``docs/architecture.md`` §19)."""
+        Called once per frame sent, in order. A frame a ladder step with a lower frame
+        rate leaves out is an empty packet: nothing is sent (``docs/architecture.md`` §19)."""
         if not encoder.sends(index):
             self._stats.frames_left_out += 1
             return payload_packet([], index * VIDEO_CLOCK // self._fps)

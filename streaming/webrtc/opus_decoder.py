@@ -27,6 +27,7 @@ import numpy as np
 RATE = 48_000
 #: The longest an Opus packet lasts (120 ms at 48 kHz): the decode buffer's size.
 MAX_SAMPLES = 5760
+_S16_SCALE = np.float32(1 / 32768)
 
 
 class OpusUnavailableError(RuntimeError):
@@ -60,10 +61,10 @@ def load_libopus() -> ctypes.CDLL:
             ctypes.c_int,
             ctypes.POINTER(ctypes.c_int),
         ]
-        lib.opus_decode_float.restype = ctypes.c_int
-        lib.opus_decode_float.argtypes = [
+        lib.opus_decode.restype = ctypes.c_int
+        lib.opus_decode.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
-            ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int16), ctypes.c_int, ctypes.c_int,
         ]  # fmt: skip
         lib.opus_decoder_destroy.restype = None
         lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
@@ -80,7 +81,7 @@ def load_libopus() -> ctypes.CDLL:
 
 
 class OpusDecoder:
-    """One stream's libopus decoder: 48 kHz mono float32 (module doc)."""
+    """One stream's libopus decoder: 48 kHz mono, 16-bit samples as float32 (module doc)."""
 
     def __init__(self) -> None:
         self._lib = load_libopus()
@@ -89,8 +90,10 @@ class OpusDecoder:
         if not state or error.value != 0:
             raise OpusUnavailableError(f"opus_decoder_create failed ({error.value})")
         self._state: int | None = state
-        self._out = np.empty(MAX_SAMPLES, dtype=np.float32)
-        self._pointer = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        # 16-bit, as FFmpeg's libopus decoder gave it: libopus's float output of a
+        # silence is not exact zeros, and the receive path tells silence by zeros.
+        self._out = np.empty(MAX_SAMPLES, dtype=np.int16)
+        self._pointer = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int16))
 
     def samples_in(self, data: bytes) -> int:
         """How many samples ``data`` decodes to (libopus reads its TOC); < 0 if invalid."""
@@ -110,12 +113,12 @@ class OpusDecoder:
         if self._state is None:
             raise ValueError("the decoder is closed")
         size = MAX_SAMPLES if data is not None and not fec else min(samples, MAX_SAMPLES)
-        count = self._lib.opus_decode_float(
+        count = self._lib.opus_decode(
             self._state, data, 0 if data is None else len(data), self._pointer, size, int(fec)
         )
         if count < 0:
             raise ValueError(f"libopus could not decode the packet (error {count})")
-        return self._out[:count].copy()
+        return self._out[:count].astype(np.float32) * _S16_SCALE
 
     def close(self) -> None:
         if self._state is not None:

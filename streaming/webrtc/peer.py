@@ -16,11 +16,8 @@ It owns:
   encoder's target bitrate, what each track has sent;
 - **the data channel** a caller opens for the session's events
   (:mod:`~streaming.webrtc.data_channel`);
-- **the call's link** (:class:`~streaming.link.LinkController`, ``docs/architecture.md``
-  §19): every packet the connection sends and every RTCP packet it receives pass
-  through it; its ``link`` task runs with the call's. The answer asks for what it needs
-  (transport-cc when the caller offers it, Opus in-band FEC:
-  :mod:`~streaming.webrtc.answer_sdp`).
+- **the call's link** (``webrtc/call_link.py``, ``docs/architecture.md`` §19): every
+  packet in and out passes through it; the answer asks for Opus in-band FEC.
 
 Its tasks (received tracks drained, data channels served) are the call's, spawned
 through the :class:`CallTasks` it is given, so they end the call by the session's one
@@ -43,33 +40,24 @@ from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
     RTCPeerConnection,
-    RTCRtpCodecParameters,
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
-from aiortc.codecs import is_rtx
 from aiortc.mediastreams import MediaStreamError
 
 from streaming.audio_rates import OUT_RATE
 from streaming.exceptions import OfferError
-from streaming.link import LinkController, MediaSender, Pacer, Streams
-from streaming.webrtc.answer_sdp import (
-    abs_send_time_id,
-    offers_transport_cc,
-    with_opus_fec,
-    with_transport_cc,
-)
+from streaming.link import LinkController
+from streaming.webrtc.answer_sdp import with_opus_fec
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
+from streaming.webrtc.call_link import open_link
 from streaming.webrtc.compat import (
     DtlsFailure,
     answer_as_dtls_server,
     close_peer_connection,
     install_audio_receive_buffer,
     negotiated_codecs,
-    route_transport,
     sender_encoder,
-    sender_ssrcs,
-    transport_send,
 )
 from streaming.webrtc.data_channel import (
     LABEL,
@@ -77,6 +65,7 @@ from streaming.webrtc.data_channel import (
     EventChannel,
     serve_data_channel,
 )
+from streaming.webrtc.h264_sender import install_encoder, negotiated_codec, prefer_h264
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.tracks import (
@@ -85,13 +74,7 @@ from streaming.webrtc.tracks import (
     PacketSource,
     VideoSource,
 )
-from streaming.webrtc.video_encoder import (
-    EncoderFactory,
-    LipstreamH264Encoder,
-    install_encoder,
-    negotiated_codec,
-    prefer_h264,
-)
+from streaming.webrtc.video_encoder import EncoderFactory
 
 logger = logging.getLogger(__name__)
 
@@ -262,48 +245,18 @@ class Peer:
             encoder = encoders.create(*media.frame_size, media.fps)
             if install_encoder(video_sender, encoder, negotiated):
                 self._video.encode_with(encoder)
-                twcc = offers_transport_cc(sdp)
-                self.link = self._link(video, negotiated, encoder, media, answer, twcc)
-                if twcc is not None:
-                    answer = with_transport_cc(answer, twcc)
+                self.link, answer = open_link(
+                    video,
+                    negotiated,
+                    encoder,
+                    offer=sdp,
+                    answer=answer,
+                    fps=media.fps,
+                    audio=self._audio is not None,
+                    on_audio_loss=media.audio_loss,
+                )
+                self._tasks.spawn("link", self.link.run())  # ends with the call
         self._answer = with_opus_fec(answer) if self._audio is not None else answer
-
-    def _link(
-        self,
-        video: RTCRtpTransceiver,
-        codec: RTCRtpCodecParameters,
-        encoder: LipstreamH264Encoder,
-        media: PeerMedia,
-        answer: str,
-        transport_cc: int | None,
-    ) -> LinkController:
-        """The call's link on the video's transport (``docs/architecture.md`` §19)."""
-        ssrc, rtx_ssrc = sender_ssrcs(video.sender)
-        rtx = [
-            c.payloadType
-            for c in negotiated_codecs(video)
-            if is_rtx(c) and c.parameters.get("apt") == codec.payloadType
-        ]
-        streams = Streams(
-            video_ssrc=ssrc,
-            rtx_ssrc=rtx_ssrc if rtx else None,
-            rtx_payload_type=rtx[0] if rtx else None,
-            abs_send_time_id=abs_send_time_id(answer),
-            transport_cc_id=transport_cc,
-        )
-        transport = video.sender.transport
-        sender = MediaSender(streams, transport_send(transport), Pacer(encoder.target_bitrate))
-        link = LinkController(
-            sender,
-            encoder,
-            top_bps=encoder.config.bitrate,
-            fps=media.fps,
-            audio=self._audio is not None,
-            on_audio_loss=media.audio_loss,
-        )
-        route_transport(transport, sender.send, link.rtcp)
-        self._tasks.spawn("link", _run_link(link))
-        return link
 
     def _decode_on_arrival(
         self, transceiver: RTCRtpTransceiver, into: Callable[[np.ndarray], None]
@@ -429,12 +382,6 @@ class Peer:
                 "closing the peer connection failed: session=%s", self.session_id, exc_info=True
             )
         self._state = PeerState.CLOSED
-
-
-async def _run_link(link: LinkController) -> str | None:
-    """The call's ``link`` task: runs until the call ends (cancelled with it)."""
-    await link.run()
-    return None
 
 
 async def _consume(track: MediaStreamTrack, into: Callable[[np.ndarray], None]) -> None:

@@ -3,11 +3,11 @@
 aiortc encodes H.264 with libx264 at its own fixed settings (no preset, so x264's
 "medium"; 1 Mbit/s clamped to 0.5–3 Mbit/s; a 1/30 s time base). That costs ≈14 ms per
 720p frame on a 2-core CPU (``docs/architecture.md`` §6), too much with many sessions
-per machine. This module keeps aiortc's H.264 packetizer, ``target_bitrate`` and REMB handling by
-subclassing its ``H264Encoder``, opens the codec with our options instead
-(:mod:`~streaming.webrtc.encoder_config`), picks NVENC
-when a GPU can run it, and hands the encoder to one sender at a time (no global patching
-of aiortc).
+per machine. This module keeps aiortc's H.264 packetizer by subclassing its
+``H264Encoder``, opens the codec with our options instead
+(:mod:`~streaming.webrtc.encoder_config`), lets the call's link steer its bitrate and
+picture (``docs/architecture.md`` §19), and picks NVENC when a GPU can run it; a sender
+is given it by :mod:`~streaming.webrtc.h264_sender` (no global patching of aiortc).
 
 Per session, with aiortc 1.16, the order matters::
 
@@ -33,20 +33,13 @@ from dataclasses import replace
 from typing import Any
 
 import av
-import cv2
 import numpy as np
-from aiortc import RTCRtpCodecParameters, RTCRtpSender, RTCRtpTransceiver
-from aiortc.codecs import is_rtx
 from aiortc.codecs.h264 import H264Encoder
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import PictureType
 
+from compositor.yuv import resize_i420
 from config.settings import VideoSettings
-from streaming.webrtc.compat import (
-    forward_keyframe_requests,
-    install_sender_encoder,
-    negotiated_codecs,
-)
 from streaming.webrtc.encoder_config import TIME_BASE, CodecName, EncoderConfig, open_codec
 
 logger = logging.getLogger(__name__)
@@ -264,9 +257,8 @@ class LipstreamH264Encoder(H264Encoder):
 
     def _scaled(self, frame: av.VideoFrame, config: EncoderConfig) -> av.VideoFrame:
         self.frames_scaled += 1
-        image = scale_yuv420p(
-            frame.to_ndarray(), frame.width, frame.height, config.width, config.height
-        )
+        source = np.asarray(frame.to_ndarray(), dtype=np.uint8)
+        image = resize_i420(source, config.width, config.height)
         scaled = av.VideoFrame.from_numpy_buffer(image, format="yuv420p")
         scaled.pts, scaled.time_base = frame.pts, frame.time_base
         return scaled
@@ -300,21 +292,6 @@ def payload_packet(payloads: list[bytes], timestamp: int) -> av.Packet[Any]:
     packet.time_base = TIME_BASE
     packet.opaque = payloads
     return packet
-
-
-def scale_yuv420p(
-    image: np.ndarray, width: int, height: int, to_width: int, to_height: int
-) -> np.ndarray:
-    """A yuv420p array of ``width``×``height`` resized to ``to_width``×``to_height``
-    (each plane by area averaging: the ladder only ever shrinks)."""
-    y = image[:height]
-    chroma = image[height:].reshape(2, height // 2, width // 2)
-    out = np.empty((to_height * 3 // 2, to_width), dtype=np.uint8)
-    out[:to_height] = cv2.resize(y, (to_width, to_height), interpolation=cv2.INTER_AREA)
-    planes = out[to_height:].reshape(2, to_height // 2, to_width // 2)
-    for plane, source in zip(planes, chroma, strict=True):
-        plane[:] = cv2.resize(source, (to_width // 2, to_height // 2), interpolation=cv2.INTER_AREA)
-    return out
 
 
 def probe_nvenc(settings: VideoSettings) -> str | None:
@@ -382,48 +359,3 @@ class EncoderFactory:
     def create(self, width: int, height: int, fps: int = 25) -> LipstreamH264Encoder:
         """A new encoder for one stream of ``width``×``height`` frames at ``fps``."""
         return LipstreamH264Encoder(self.config(width, height, fps))
-
-
-def prefer_h264(transceiver: RTCRtpTransceiver) -> bool:
-    """Restrict ``transceiver`` to H.264 (and its RTX); False if aiortc offers no H.264.
-
-    Call it BEFORE ``setRemoteDescription``: aiortc applies codec preferences while it
-    negotiates the remote offer, so a later call changes nothing for that negotiation.
-    A remote peer without H.264 then fails negotiation instead of silently getting VP8.
-    """
-    capabilities = RTCRtpSender.getCapabilities("video").codecs
-    h264 = [c for c in capabilities if c.mimeType.lower() == "video/h264"]
-    if not h264:
-        return False
-    transceiver.setCodecPreferences(h264 + [c for c in capabilities if is_rtx(c)])
-    return True
-
-
-def negotiated_codec(transceiver: RTCRtpTransceiver) -> RTCRtpCodecParameters | None:
-    """The codec ``transceiver``'s sender will send with, once negotiated, else None.
-
-    aiortc sends with the first entry of the negotiated list.
-    """
-    codecs = negotiated_codecs(transceiver)
-    return codecs[0] if codecs else None
-
-
-def install_encoder(
-    sender: RTCRtpSender, encoder: LipstreamH264Encoder, codec: RTCRtpCodecParameters
-) -> bool:
-    """Make ``sender`` encode with ``encoder`` instead of aiortc's default encoder.
-
-    Only when ``codec`` (see :func:`negotiated_codec`) is H.264; otherwise (e.g. VP8)
-    the sender is left alone and False is returned. Call it before media flows (after
-    ``setLocalDescription`` is fine): aiortc creates its own encoder on the first frame
-    only if none is set. Raises ``RuntimeError`` if this aiortc version no longer keeps
-    the encoder where we set it.
-    """
-    if codec.mimeType.lower() != "video/h264":
-        logger.info("sender negotiated %s, not H.264; keeping aiortc's encoder", codec.mimeType)
-        return False
-    if sender.kind != "video":
-        raise ValueError(f"an H.264 encoder needs a video sender, not {sender.kind!r}")
-    install_sender_encoder(sender, encoder)
-    forward_keyframe_requests(sender, encoder.peer_requests_keyframe)
-    return True
