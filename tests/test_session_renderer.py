@@ -224,6 +224,9 @@ class SlowEncoder:
         self.clock = clock
         self.images: list[np.ndarray] = []
 
+    def sends(self, index: int) -> bool:
+        return True  # every frame: the full frame rate
+
     def encode_packet(self, frame: av.VideoFrame) -> av.Packet:
         self.images.append(frame.to_ndarray())
         self.clock.now += 0.005

@@ -9,12 +9,13 @@ chosen by what the caller sends:
   delay detector and :class:`~.estimate.RateControl`, a guard against a queue that
   stands without growing (:class:`~.delay_based.QueueGuard`: it is cut like overuse),
   loss from the same feedback, and probes measured by their arrivals. A probe that
-  found room lifts the estimate on trial: if within :data:`TRIAL_S` the caller receives
-  less than we send (a token bucket let the probe through and now caps the rate) or
-  the link congests, the estimate falls back to what the caller received (never below
+  found room lifts the estimate on trial: if within :data:`TRIAL_S` our packets arrive
+  slower than we send them (a token bucket let the probe through and now caps the
+  rate) or the link congests, the estimate falls back to what the caller received (never below
 where it was) and probes back off;
-- **REMB** (a caller that sends only REMB, e.g. aiortc): :class:`~.estimate.RembRate`,
-  loss from receiver reports and NACKs;
+- **REMB** (a caller that sends only REMB, e.g. aiortc): :class:`~.estimate.RembRate`
+  (followed down when it drops or stays under what we send), loss from receiver
+  reports;
 - neither (a caller that reports only loss): loss alone.
 
 In every case the estimate is the lower of the first two halves and the loss-based
@@ -26,16 +27,20 @@ in fourteen and shrink the picture for nothing.
 from __future__ import annotations
 
 import enum
+from collections import deque
 
 from streaming.link.delay_based import DelayDetector, QueueGuard, Usage
 from streaming.link.estimate import BETA, LOSS_LOW, LossBasedRate, RateControl, RateLimits, RembRate
-from streaming.link.feedback import FeedbackResult, RateWindow
+from streaming.link.feedback import Arrival, FeedbackResult, RateWindow
 from streaming.link.probes import ProbePlanner
 
 #: How long a probe's lift is on trial (module doc).
 TRIAL_S = 2.0
-#: During a trial, receiving under this × what we send means the lift does not hold.
+#: During a trial, packets arriving at under this × the rate they were sent at (over the
+#: last TRIAL_WINDOW_S of them, at least TRIAL_PACKETS) means the lift does not hold.
 TRIAL_RECEIVED = 0.85
+TRIAL_WINDOW_S = 0.5
+TRIAL_PACKETS = 20
 LOSS_WINDOW_S = 1.0
 LOSS_WINDOW_PACKETS = 50
 #: The round trip assumed until one is measured.
@@ -62,6 +67,7 @@ class BandwidthEstimator:
         self._loss = LossBasedRate(limits)
         self._received = RateWindow(1.0)  # on the caller's clock
         self._received_now: float | None = None  # the latest arrival, on that clock
+        self._recent: deque[Arrival] = deque()  # the last TRIAL_WINDOW_S of arrivals
         self.probes = ProbePlanner(limits.max_bps)
         self.rtt_s = DEFAULT_RTT_S
         self.rtt_measured = False
@@ -103,16 +109,19 @@ class BandwidthEstimator:
         """The standing queue the one-way delays say (transport-cc only)."""
         return self._queue.queue_s
 
-    def transport_feedback(self, result: FeedbackResult, now: float, sent_bps: float) -> None:
-        """A transport-cc feedback message, resolved against what was sent; ``sent_bps``
-        what we sent over the last second."""
+    def transport_feedback(self, result: FeedbackResult, now: float) -> None:
+        """A transport-cc feedback message, resolved against what was sent."""
         self.mode = Mode.TRANSPORT_CC
+        recent = self._recent
         for arrival in result.arrivals:
+            recent.append(arrival)
             self.usage = self._delay.add(arrival.send_s, arrival.arrival_s, arrival.size)
             self._queue.add(arrival.send_s, arrival.arrival_s)
             self._received.add(arrival.arrival_s, arrival.size)
             if self._received_now is None or arrival.arrival_s > self._received_now:
                 self._received_now = arrival.arrival_s
+        while recent and recent[0].send_s < recent[-1].send_s - TRIAL_WINDOW_S:
+            recent.popleft()
         if result.arrivals:
             before = self.estimate_bps
             usage = self.usage
@@ -122,7 +131,7 @@ class BandwidthEstimator:
             self._rate.update(usage, self.received_bps, self.rtt_s, now)
             if usage is Usage.OVERUSE:
                 self._congested(now)
-            self._judge_trial(sent_bps, now)
+            self._judge_trial(now)
             probed = self.probes.feedback(result.arrivals, result.lost_clusters)
             if probed is not None:
                 self._probed(probed, before, now)
@@ -137,16 +146,26 @@ class BandwidthEstimator:
             measured = BETA * received if received is not None else before
             self._rate.set_rate(max(before, min(self._rate.rate, measured)), now)
 
-    def _judge_trial(self, sent_bps: float, now: float) -> None:
-        trial, received = self._trial, self.received_bps
+    def _judge_trial(self, now: float) -> None:
+        trial = self._trial
         if trial is None:
             return
-        before, since = trial
-        if received is not None and sent_bps > before and received < TRIAL_RECEIVED * sent_bps:
+        _, since = trial
+        if self._arrival_ratio() < TRIAL_RECEIVED:
             self._congested(now)
         elif now - since >= TRIAL_S:
             self._trial = None
             self.probes.held()
+
+    def _arrival_ratio(self) -> float:
+        """How fast the latest packets arrived against how fast they were sent (1: the
+        link kept up; less: they queued)."""
+        recent = self._recent
+        if len(recent) < TRIAL_PACKETS:
+            return 1.0
+        sent = recent[-1].send_s - recent[0].send_s
+        arrived = max(a.arrival_s for a in recent) - min(a.arrival_s for a in recent)
+        return 1.0 if arrived <= 0 else min(1.0, sent / arrived)
 
     def _probed(self, result_bps: float, before_bps: int, now: float) -> None:
         step = self.probes.step
@@ -158,14 +177,15 @@ class BandwidthEstimator:
             self._remb.lift(lifted)
             self._loss.lift(lifted)
 
-    def remb(self, bps: int, now: float) -> None:
-        """The caller's REMB (ignored once transport-cc feedback drives the estimate)."""
+    def remb(self, bps: int, now: float, sent_bps: float) -> None:
+        """The caller's REMB, ``sent_bps`` having been sent lately (ignored once
+        transport-cc feedback drives the estimate)."""
         self.remb_bps = bps
         if self.mode is Mode.TRANSPORT_CC:
             return
         self.mode = Mode.REMB
         before = self._remb.rate
-        if self._remb.update(bps) < before:
+        if self._remb.update(bps, sent_bps, now) < before:
             self.probes.congested(now)
 
     def report_loss(self, fraction: float, packets: int, now: float) -> None:

@@ -174,7 +174,11 @@ class LinkController:
             self.ladder.current = min(current, len(self.ladder.steps) - 1)
         budget = self.budget_bps()
         before = self.ladder.step
-        step = self.ladder.decide(budget, now)
+        estimator = self.estimator
+        settled = not (estimator.on_trial or estimator.probes.starting) or (
+            estimator.mode is not Mode.TRANSPORT_CC
+        )
+        step = self.ladder.decide(budget, now, settled=settled)
         if step is not before:
             logger.info(
                 "link: step %s → %s (budget %d kbit/s, QP %s)",
@@ -219,7 +223,7 @@ class LinkController:
         kind, fmt = part.packet_type, part.fmt
         if kind == RTPFB and fmt == TRANSPORT_CC_FMT:
             result = self.sender.sent.resolve(transport_feedback(part))
-            self.estimator.transport_feedback(result, now, self.sender.rate.bps(now) or 0.0)
+            self.estimator.transport_feedback(result, now)
             return True
         if kind == RTPFB and fmt == NACK_FMT and media_ssrc(part) == self.sender.streams.video_ssrc:
             sequences = nacked_sequences(part)
@@ -229,7 +233,7 @@ class LinkController:
         if kind == PSFB and fmt == APP_FMT:
             value = remb(part)
             if value is not None:
-                self.estimator.remb(value[0], now)
+                self.estimator.remb(value[0], now, self.sender.rate.bps(now) or 0.0)
                 return True
             return False
         if kind in (SR, RR):
@@ -268,12 +272,13 @@ class LinkController:
         try:
             while True:
                 await self._sleep(TICK_S)
-                self._tick()
+                self.tick()
         finally:
             for task in list(self._tasks):
                 task.cancel()
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """One step of the link task: QPs to the ladder, holds, probes (module doc)."""
         now = self._clock()
         qps = self._encoder.qps
         while qps:

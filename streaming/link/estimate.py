@@ -9,9 +9,10 @@ caller's feedback says into one number, the bits per second the call may send:
   grows, :data:`MULTIPLICATIVE_GROWTH` a second while the link's capacity is unknown,
   about one packet per round trip once near the capacity last measured (GCC's AIMD);
 - **REMB** — a caller that sends only REMB (no transport-cc) runs the same detector on
-  its side; its value is followed when it drops (that is its overuse) and when it is
-  above ours, and otherwise our estimate keeps what an earlier REMB allowed, so a
-  listening call's small stream does not pull the estimate down to what it uses;
+  its side; its value is followed when it drops (that is its overuse), when it stays
+  under what we send, and when it is above ours; otherwise our estimate keeps what it
+  was, so a listening call's small stream does not pull the estimate down to what it
+  uses;
 - **loss** — the fraction lost (receiver reports, transport-cc, NACKs): above
   :data:`LOSS_HIGH` the rate is cut by half the loss, at most once per
   :data:`LOSS_DECREASE_INTERVAL_S` plus a round trip; below :data:`LOSS_LOW` it may
@@ -44,8 +45,11 @@ THROUGHPUT_HEADROOM = 1.25
 #: Loss below LOW lets the loss-based rate grow; above HIGH it cuts; between, it holds.
 LOSS_LOW, LOSS_HIGH = 0.02, 0.10
 LOSS_DECREASE_INTERVAL_S = 0.3
-#: A REMB this much below the last one is the caller's overuse (it sends drops at once).
+#: A REMB this much below the last one is the caller's overuse (it sends drops at once);
+#: one under REMB_BELOW_SENT × what we send for REMB_BELOW_SENT_S is followed too.
 REMB_DROP = 0.97
+REMB_BELOW_SENT = 0.9
+REMB_BELOW_SENT_S = 1.0
 #: Near the capacity last measured the rate grows by half a packet per response time
 #: (a round trip plus RESPONSE_S): about 14 kbit/s a second at a 50 ms round trip.
 #: GCC's whole packet per round trip + 100 ms refilled a 300 kbit/s link's queue every
@@ -181,19 +185,34 @@ class LossBasedRate:
 
 
 class RembRate:
-    """The rate a REMB-only caller allows (module doc): its drops are followed at once,
-    a value above ours is taken, anything else leaves ours as an earlier REMB set it."""
+    """The rate a REMB-only caller allows (module doc).
+
+    A REMB is the caller's own delay-based estimate, and it lags: it grows at most 1.5 ×
+    what it receives, so while a listening call sends a small idle loop its REMB says
+    little about the link. So it is followed down only when it says so clearly: when it
+    drops (the caller saw its queue grow: it sends drops at once), or when it has stayed
+    under what we send for :data:`REMB_BELOW_SENT_S`. A value above ours is taken; the
+    rate starts at the call's full rate, as a caller with no REMB would get.
+    """
 
     def __init__(self, limits: RateLimits) -> None:
         self._limits = limits
-        self.rate = limits.start_bps
+        self.rate = limits.max_bps
         self.last: int | None = None
+        self._below_since: float | None = None
 
-    def update(self, remb_bps: int) -> int:
+    def update(self, remb_bps: int, sent_bps: float, now: float) -> int:
+        """The rate after a REMB of ``remb_bps``, ``sent_bps`` having been sent lately."""
         previous, self.last = self.last, remb_bps
-        if previous is not None and remb_bps < REMB_DROP * previous:
+        if remb_bps < REMB_BELOW_SENT * sent_bps:
+            if self._below_since is None:
+                self._below_since = now
+        else:
+            self._below_since = None
+        insisted = self._below_since is not None and now - self._below_since >= REMB_BELOW_SENT_S
+        if (previous is not None and remb_bps < REMB_DROP * previous) or insisted:
             self.rate = min(self.rate, remb_bps)
-        elif remb_bps > self.rate or previous is None:
+        elif remb_bps > self.rate:
             self.rate = remb_bps
         self.rate = self._limits.clamp(self.rate)
         return self.rate

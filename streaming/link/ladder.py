@@ -13,7 +13,9 @@ steps are chosen the way libwebrtc's quality scaler chooses them, by the encoder
 quantiser: the mean QP of the call's last :data:`QP_FRAMES` live P-frames above
 :data:`QP_HIGH` means the budget cannot carry this size; below :data:`QP_LOW`, a larger
 one would still look good. A budget below a step's floor (:data:`FLOOR_BITS_PER_PIXEL`,
-far below where any content looks right) leaves it whatever the QP says.
+far below where any content looks right) leaves it whatever the QP says. The QP is
+judged only once the estimate has settled: during a call's first climb from its start
+rate every picture is coarse for a second.
 
 :meth:`Ladder.decide` moves between steps: down at once on the floor, or when the QP
 has been high over a full window at this step; up only when the budget clears the
@@ -127,9 +129,12 @@ class Ladder:
         """What the encoder is given at the current step for ``budget_bps``."""
         return min(budget_bps, self.step.ceiling_bps)
 
-    def decide(self, budget_bps: int, now: float) -> Step:
-        """The step for a video budget of ``budget_bps`` now."""
-        steps, index, qp = self.steps, self.current, self.qp
+    def decide(self, budget_bps: int, now: float, *, settled: bool = True) -> Step:
+        """The step for a video budget of ``budget_bps`` now. While the estimate is not
+        ``settled`` (a call's first climb, a probe's lift on trial) the QP is not judged:
+        it was made at a budget about to change."""
+        steps, index = self.steps, self.current
+        qp = self.qp if settled else None
         last = len(steps) - 1
         if index < last and (
             budget_bps < steps[index].floor_bps or (qp is not None and qp > QP_HIGH)

@@ -3,22 +3,23 @@
 A delay-based estimate only grows about 8 % a second on its own, and a caller's REMB no
 faster, so after a dip (a train goes into a tunnel, someone else's download ends) a call
 would take tens of seconds to get its picture back. A probe asks the link directly
-(``docs/architecture.md`` §19): :data:`PROBE_PACKETS` packets sent at a rate above the
-estimate, spread over at least :data:`PROBE_MIN_S`, each stamped with its cluster. When
-their feedback is in, the rate they were *received* at is what the link carried: if
-most of them arrived (:data:`MIN_RECEIVED`) and the receive rate kept up with the send
-rate, the link carries at least that (the estimate is raised towards it, by at most
-:data:`PROBE_STEP` at a time); if the receive rate fell short, the link is full at
-about the receive rate (the estimate is not raised).
+(``docs/architecture.md`` §19): at least :data:`PROBE_PACKETS` packets, over at least
+:data:`PROBE_MIN_S`, sent on top of the media so that the link carries one of
+:data:`PROBE_FACTORS` × the estimate meanwhile, each stamped with its cluster. When
+their feedback is in: if most of them arrived (:data:`MIN_RECEIVED`) as fast as they
+were sent, the link carries the media and the probe (the estimate is raised towards
+that, by at most :data:`PROBE_STEP` at a time, :data:`STARTUP_FACTOR` in a call's first
+climb); if they arrived slower, the link is full (the estimate is not raised).
 
-:class:`ProbePlanner` says when to probe and how fast: only when the estimate is below
+:class:`ProbePlanner` says when to probe and how much: only when the estimate is below
 the call's ceiling, no congestion was seen for :data:`QUIET_S`, and the last probe is
-older than the interval, which doubles after each probe that found nothing more (up to
-:data:`MAX_INTERVAL_S`) and is reset by one that did, so a capped link is asked rarely
-and a freed one quickly. A token bucket (a shaper, a policer) lets a burst through at
-any rate, so a probe shorter than the bucket seems to find room that is not there; a
-probe therefore lasts at least :data:`PROBE_MIN_S`, and congestion within
-:data:`FOOLED_WITHIN_S` of the jump it caused counts it as failed.
+older than the interval. A probe that found the link full, or whose lift did not hold,
+doubles the interval (up to :data:`MAX_INTERVAL_S`) and makes the next probe smaller; one
+whose lift held resets both, so a capped link is asked rarely and a freed one quickly. A
+token bucket (a shaper, a policer) lets a burst through at any rate, so a probe shorter
+than its bucket finds room that is not there: a probe lasts at least
+:data:`PROBE_MIN_S`, and congestion within :data:`FOOLED_WITHIN_S` of the lift it
+caused counts it as failed.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ FOOLED_WITHIN_S = 3.0
 MIN_RECEIVED = 0.8
 #: Received at under this × the send rate: the link is saturated at the receive rate.
 SATURATED_RATIO = 0.9
-#: How far above the estimate a probe asks (× the estimate), and the first interval.
-PROBE_FACTOR = 2.0
+#: How far above the estimate a probe asks (× the estimate): the first factor, down to
+#: the last after each probe that found the link full, back to the first after one that
+#: found room; and the first interval.
+PROBE_FACTORS = (2.0, 1.5, 1.25)
 #: The most a probe lifts the estimate by (× the estimate): a probe a token bucket
 #: fooled then costs a short, mild overload, and a freed link is climbed in steps.
 PROBE_STEP = 1.5
@@ -58,8 +61,9 @@ class Cluster:
     """One probe's packets, as their feedback comes in."""
 
     ident: int
-    rate_bps: int
+    rate_bps: int  # the probe's own packets' rate, on top of the media
     packets: int
+    base_bps: int = 0  # the estimate it was sent above (the media's rate meanwhile)
     arrivals: list[Arrival] = field(default_factory=list)
     lost: int = 0
 
@@ -80,8 +84,8 @@ class Cluster:
         send_bps = 8 * sum(a.size for a in ordered[:-1]) / send_span
         receive_bps = 8 * sum(a.size for a in by_arrival[1:]) / receive_span
         if receive_bps < SATURATED_RATIO * send_bps:
-            return 0.95 * receive_bps
-        return min(send_bps, receive_bps)
+            return None  # the link could not take the probe on top of the media
+        return self.base_bps + min(send_bps, receive_bps)
 
 
 class ProbePlanner:
@@ -94,6 +98,7 @@ class ProbePlanner:
         self._last_congestion = -math.inf
         self._next_ident = 1
         self._jumped_at = -math.inf
+        self._factor = 0  # index into PROBE_FACTORS
         self.clusters: dict[int, Cluster] = {}
         self.sent = 0
         self.succeeded = 0
@@ -122,9 +127,10 @@ class ProbePlanner:
             return None
         if now - self._last_congestion < QUIET_S or now - self._last_probe < self._interval:
             return None
-        rate = int(min(self.ceiling_bps, PROBE_FACTOR * estimate_bps))
+        factor = PROBE_FACTORS[self._factor]
+        rate = int(min(self.ceiling_bps, factor * estimate_bps)) - estimate_bps
         packets = max(PROBE_PACKETS, math.ceil(rate * PROBE_MIN_S / (8 * PROBE_PACKET_BYTES)))
-        cluster = Cluster(self._next_ident, rate, packets)
+        cluster = Cluster(self._next_ident, rate, packets, base_bps=estimate_bps)
         self._next_ident += 1
         self._last_probe = now
         self.clusters[cluster.ident] = cluster
@@ -166,7 +172,9 @@ class ProbePlanner:
         if result_bps is not None and result_bps > 1.1 * estimate_bps:
             self.succeeded += 1
             self._jumped_at = now  # the interval is reset once the lift holds (held())
+            self._factor = 0
         else:
+            self._factor = min(self._factor + 1, len(PROBE_FACTORS) - 1)
             self._interval = min(2 * self._interval, MAX_INTERVAL_S)
 
     def expire(self, now: float, timeout_s: float = 2.0) -> None:

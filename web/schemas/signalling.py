@@ -225,6 +225,39 @@ class AppAudio(ResponseModel):
     )
 
 
+class Link(ResponseModel):
+    """The call's link to its caller (docs/architecture.md §19)."""
+
+    mode: Literal["transport-cc", "remb", "loss"] = Field(
+        description="What the estimate is made from: the caller's transport-cc feedback "
+        "(browsers), its REMB, or its loss reports alone."
+    )
+    estimate_bps: Count = Field(description="What the call may send, audio and video.")
+    target_bps: Count = Field(description="The video encoder's target within the estimate.")
+    sent_bps: Count = Field(description="Everything sent over the last second.")
+    loss: float = Field(ge=0, le=1, description="Share lost over the last loss window.")
+    rtt_ms: float | None = Field(description="Round trip from receiver reports, once measured.")
+    queue_ms: NonNegative = Field(
+        description="The queue on the path the one-way delays show (transport-cc only)."
+    )
+    step: str = Field(description="The quality ladder's step: frame height and rate, `720p25`.")
+    step_index: Count = Field(description="0 is the avatar's full picture.")
+    step_changes: Count
+    qp: float | None = Field(description="Mean QP of the last 25 live frames at this step.")
+    delay_state: Literal["normal", "overuse", "underuse"]
+    remb_bps: int | None = Field(description="The caller's last REMB, if it sends any.")
+    nacks: Count = Field(description="Packets the caller asked to be resent.")
+    retransmitted: Count
+    keyframe_requests: Count = Field(description="PLI and FIR from the caller.")
+    keyframe_requests_ignored: Count = Field(
+        description="Those answered by an IDR already on its way."
+    )
+    probes: Count
+    probes_succeeded: Count
+    paced_packets: Count = Field(description="Video packets the pacer held back.")
+    pacing_wait_ms: NonNegative = Field(description="Their mean wait.")
+
+
 class SessionState(ResponseModel):
     session_id: SessionId
     avatar: AvatarId = Field(description="The avatar this session shows.")
@@ -275,6 +308,13 @@ class SessionState(ResponseModel):
     app_audio: AppAudio
     idle_clip: str = Field(description="The clip the avatar plays while silent.")
     clips: list[str] = Field(description="Every idle clip the avatar has (`POST .../idle`).")
+    frames_left_out: Count = Field(
+        description="Frames a ladder step with a lower frame rate did not send."
+    )
+    link: Link | None = Field(
+        description="The call's link: estimate, target, loss, round trip, ladder step "
+        "(null for a call aiortc encodes itself, VP8)."
+    )
 
 
 class HungUp(ResponseModel):
