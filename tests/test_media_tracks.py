@@ -11,7 +11,8 @@ import pytest
 
 from streaming.audio_in.resample import resample_mono
 from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
-from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder
+from streaming.webrtc.opus_decoder import OpusDecoder
+from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, fec_percent
 
 
 def sine(index: int, hz: float = 440.0) -> np.ndarray:
@@ -149,3 +150,36 @@ def test_a_listening_call_encodes_no_audio() -> None:
     assert encoder.chunks_encoded == 0
     assert encoder.chunks_silent == 500
     assert all(bytes(p) == SILENCE and p.pts == i * CHUNK_SAMPLES for i, p in enumerate(packets))
+
+
+@pytest.mark.parametrize(
+    ("loss", "percent"), [(0.0, 0), (0.009, 0), (0.02, 5), (0.07, 10), (0.5, 40)]
+)
+def test_the_loss_a_caller_reports_picks_the_fec_the_voice_carries(
+    loss: float, percent: int
+) -> None:
+    assert fec_percent(loss) == percent
+
+
+def test_a_voice_with_fec_carries_a_copy_of_each_speech_frame_in_the_next(
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+) -> None:
+    speech, _ = speech_16k
+    pcm = resample_mono(speech[: 16000 * 2], 16000, OUT_RATE).astype(np.float32)
+    chunks = pcm[: len(pcm) // CHUNK_SAMPLES * CHUNK_SAMPLES].reshape(-1, CHUNK_SAMPLES)
+    plain, protected = OpusChunkEncoder(), OpusChunkEncoder(fec_percent=10)
+    assert (plain.fec_percent, protected.fec_percent) == (0, 10)
+    decoder = OpusDecoder()
+    sizes = {"plain": 0, "protected": 0}
+    with_fec = 0
+    for index, chunk in enumerate(chunks):
+        a, b = bytes(plain.encode(chunk, index)), bytes(protected.encode(chunk, index))
+        sizes["plain"] += len(a)
+        sizes["protected"] += len(b)
+        assert a[0] >> 3 >= 16  # CELT only: no room for FEC, 2.5 ms of codec delay
+        with_fec += bool(decoder.has_fec(b))
+    loud = sum(float(np.abs(chunk).max()) > 0.05 for chunk in chunks)
+    assert with_fec > 0.6 * loud  # SILK/hybrid frames with their predecessor's copy
+    # the same 48 kbit/s budget (constrained VBR) with FEC as without
+    assert sizes["protected"] <= 1.05 * sizes["plain"]
+    assert sizes["plain"] * 8 / (len(chunks) * 0.02) < 52_000

@@ -177,6 +177,9 @@ async def test_an_offer_with_audio_and_h264_is_answered_as_dtls_server_and_conne
         assert rig.peer.video_codec.lower() == "video/h264"
         assert "a=setup:passive" in rig.peer.answer_sdp
         assert "m=audio" in rig.peer.answer_sdp
+        assert "useinbandfec=1" in rig.peer.answer_sdp  # the caller's voice carries FEC
+        assert "transport-cc" not in rig.peer.answer_sdp  # aiortc offers none: REMB
+        assert rig.peer.link is not None
         await until(lambda: rig.peer.state == PeerState.CONNECTED, "the call to connect")
         assert rig.peer.ice_connected
         await until(lambda: len(rig.video.sent_indices) >= 5, "frames to go out")
@@ -196,6 +199,7 @@ async def test_an_offer_without_audio_gets_no_audio_track(loopback: None) -> Non
         assert rig.peer.video_codec.lower() == "video/vp8"  # aiortc encodes VP8 itself
         await until(lambda: len(rig.video.sent_indices) >= 3, "frames to go out")
         assert rig.peer.sent().audio_next is None
+        assert rig.peer.link is None  # aiortc's own encoder: no link to steer it
 
 
 async def test_the_caller_leaving_ends_the_call(loopback: None) -> None:
