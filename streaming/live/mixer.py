@@ -16,6 +16,7 @@ by keeping it queued; video follows the same chunks, so lips and sound skip toge
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -45,6 +46,7 @@ class _SampleQueue:
         self._blocks: deque[np.ndarray] = deque()
         self._offset = 0  # samples already taken from the first block
         self.size = 0
+        self.taken = 0  # samples taken (or dropped) since the start
 
     def put(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -64,6 +66,7 @@ class _SampleQueue:
                 self._blocks.popleft()
                 self._offset = 0
         self.size -= filled
+        self.taken += filled
         return filled
 
     def snapshot(self) -> np.ndarray:
@@ -100,6 +103,7 @@ class AudioMixer:
         inbound_window_ticks: int = INBOUND_WINDOW_TICKS,
         on_marks: Callable[[list[Mark]], None] | None = None,
         on_played: Callable[[float, int | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inbound = _SampleQueue()
         self.utterances = UtteranceLedger()
@@ -116,11 +120,30 @@ class AudioMixer:
         self._lowest = self._max_inbound  # the inbound level's minimum in this window
         self.inbound_dropped_samples = 0  # microphone audio skipped to hold the delay
         self.underruns = 0  # ticks where the microphone had less than a chunk
+        self._clock = clock
+        self._arrived: deque[tuple[int, float]] = deque()  # (samples fed in all, when)
+        self._fed = 0
+        #: When the first microphone sample of each of the last chunks arrived, by chunk.
+        self.chunk_arrivals: dict[int, float] = {}
 
     def feed_inbound(self, samples: np.ndarray) -> None:
         """Add microphone samples (float32 mono 48 kHz) as they arrive."""
         self._inbound.put(np.asarray(samples, dtype=np.float32))
+        self._fed += len(samples)
+        self._arrived.append((self._fed, self._clock()))
+        while len(self._arrived) > 64:
+            self._arrived.popleft()
         self._drop_inbound(self._inbound.size - self._max_inbound)
+
+    def _arrival_of_next_inbound(self) -> float | None:
+        """When the oldest microphone sample still queued arrived (None: none queued)."""
+        if not self._inbound.size:
+            return None
+        first = self._inbound.taken
+        for fed_until, arrived in self._arrived:
+            if fed_until > first:
+                return arrived
+        return None
 
     @property
     def inbound_ms(self) -> float:
@@ -186,6 +209,10 @@ class AudioMixer:
         """The next 20 ms of the timeline (consumes from both sources)."""
         chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
         self._watch_inbound()
+        arrived = self._arrival_of_next_inbound()
+        if arrived is not None:
+            self.chunk_arrivals[self._chunks_made] = arrived
+            self.chunk_arrivals.pop(self._chunks_made - 256, None)
         if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
             self.underruns += 1
         taken = self._pushed.take_into(chunk)

@@ -115,6 +115,7 @@ class LivePipeline:
             max_pushed_s=settings.session.max_queued_audio_s,
             on_marks=speech.schedule,
             on_played=speech.played,
+            clock=self.clock.now,
         )
         self.buffers = SendBuffers(self.clock.delay_s, self.fps)
         self.renderer = FrameRenderer(
@@ -154,10 +155,14 @@ class LivePipeline:
         Each audio slot taken tells the utterance ledger which samples went to the caller
         (``played_ms``, ``docs/architecture.md`` §15)."""
         buffers, ledger, speech = self.buffers, self.mixer.utterances, self._speech
+        arrivals, stats, now = self.mixer.chunk_arrivals, self.stats, self.clock.now
 
         def audio(index: int) -> av.Packet[Any]:
             ledger.chunk_sent(index, buffers.holds_chunk(index))
             speech.audio_sent(index)
+            arrived = arrivals.pop(index, None)
+            if arrived is not None:  # the caller's audio, back out (docs/architecture.md §8)
+                stats.caller_audio_ms.append(1000 * (now() - arrived))
             return buffers.take_chunk(index)
 
         return PeerMedia(

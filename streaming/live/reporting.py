@@ -139,6 +139,8 @@ class SessionStats:
     sending_ms: dict[str, deque[float]] = field(
         default_factory=lambda: {stage: deque(maxlen=_KEPT) for stage in SENDING}
     )
+    #: The caller's audio from its arrival to the same samples sent back (ms).
+    caller_audio_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_KEPT))
 
     def drop(self, reason: str) -> None:
         self.frames_dropped[reason] = self.frames_dropped.get(reason, 0) + 1
@@ -336,5 +338,14 @@ class SessionReport:
             idle_clip=idle_clip,
             clips=clips if clips is not None else ["idle"],
             frames_left_out=self.stats.frames_left_out,
+            caller_audio_ms=_percentiles(self.stats.caller_audio_ms),
             link=link,
         )
+
+
+def _percentiles(values: deque[float]) -> dict[str, float] | None:
+    """p50 and p95 of ``values`` (None when there are none)."""
+    if not values:
+        return None
+    p50, p95 = np.percentile(np.asarray(values), [50, 95])
+    return {"p50": round(float(p50), 1), "p95": round(float(p95), 1)}

@@ -92,6 +92,10 @@ class SessionSnapshot:
     clips: list[str]  # every idle clip the avatar has
     #: Frames a ladder step with a lower frame rate left out (docs/architecture.md §19).
     frames_left_out: int = 0
+    #: The caller's audio from its arrival to the same samples sent back, p50 and p95 of
+    #: the last 500 chunks (ms): the configured delay plus the inbound buffer's wait
+    #: (docs/architecture.md §8); None without a caller's audio.
+    caller_audio_ms: dict[str, float] | None = None
     #: The call's link: estimate, target, loss, round trip, ladder step (None: VP8,
     #: aiortc's own encoder, no link).
     link: LinkSnapshot | None = None

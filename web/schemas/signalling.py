@@ -311,6 +311,11 @@ class SessionState(ResponseModel):
     frames_left_out: Count = Field(
         description="Frames a ladder step with a lower frame rate did not send."
     )
+    caller_audio_ms: dict[str, float] | None = Field(
+        description="The caller's audio from its arrival to the same samples sent back, "
+        "`p50` and `p95` over the last 500 chunks: `delay_ms` plus the inbound buffer's "
+        "wait; null without audio from the caller."
+    )
     link: Link | None = Field(
         description="The call's link: estimate, target, loss, round trip, ladder step "
         "(null for a call aiortc encodes itself, VP8)."
