@@ -66,32 +66,41 @@ class Clock:
 
 @dataclass
 class Bottleneck:
-    """A token-bucket-shaped link (module doc); ``rate_bps`` may be changed at any time."""
+    """A token-bucket-shaped link (module doc): tokens refill at ``rate_bps`` up to
+    ``burst_bytes``; a packet leaves once the bucket holds its size (a burst passes at
+    once), waits at most ``queue_s`` for it and is dropped beyond. ``rate_bps`` may be
+    changed at any time."""
 
     rate_bps: float
     queue_s: float = 0.3
     loss: float = 0.0
     seed: int = 0
-    _busy_until: float = 0.0
+    burst_bytes: int = 15_000
+    _tokens: float = field(init=False)
+    _updated: float = 0.0
     _random: random.Random = field(init=False)
     dropped: int = 0
     max_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
+        self._tokens = float(self.burst_bytes)
 
     def arrival(self, now: float, size: int) -> float | None:
         """When a packet of ``size`` bytes sent ``now`` arrives, or None (dropped)."""
-        start = max(now, self._busy_until)
-        if start - now > self.queue_s:
+        refill = (now - self._updated) * self.rate_bps / 8
+        self._tokens = min(float(self.burst_bytes), self._tokens + refill)
+        self._updated = now
+        wait = max(0.0, (size - self._tokens) * 8 / self.rate_bps)
+        if wait > self.queue_s:
             self.dropped += 1
             return None
-        self._busy_until = start + 8 * size / self.rate_bps
+        self._tokens -= size  # a debt while it waits: later packets wait behind it
         if self._random.random() < self.loss:
             self.dropped += 1
             return None
-        self.max_delay_s = max(self.max_delay_s, self._busy_until - now)
-        return self._busy_until + 0.01  # 10 ms of propagation
+        self.max_delay_s = max(self.max_delay_s, wait)
+        return now + wait + 0.01  # 10 ms of propagation
 
 
 class FakeEncoder:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,15 @@ async def test_microphone_call_receives_h264_720p_and_lip_syncs(
     assert (last["width"], last["height"]) == (1280, 720)
     assert last["state"] == "connected"
     assert last["rttMs"] is not None
+    # The link's figures the page shows: a received bitrate, loss, jitter buffer, freezes.
+    assert last["kbps"] > 0
+    assert last["videoLoss"] is not None
+    assert last["videoLoss"] < 0.01  # a loopback loses none
+    assert last["jitterBufferMs"] is not None
+    assert last["freezes"] is not None
+    assert last["audioConcealed"] is not None
+    await expect(page.locator("#stat-bitrate")).to_have_text(re.compile(r"^\d+ kbit/s$"))
+    await expect(page.locator("#stat-jitter")).to_have_text(re.compile(r"^\d+ ms$"))
     frames = [r["framesDecoded"] for r in readings]
     assert all(b > a for a, b in itertools.pairwise(frames)), readings  # the video flows
     # The browser decodes what the server sends, and nothing more (the server paces 25 fps).

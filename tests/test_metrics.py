@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import SESSIONS
+from web.link_metrics import MODES as LINK_MODES
+from web.link_metrics import STEPS as LINK_STEPS
 
 DEVICES = ("cpu:0", "cpu:1")
 VISUAL = (6, 320, 320)
@@ -54,6 +57,10 @@ ALLOWED_LABELS = {
     "event": {"started", "ended", "rejected", "failed"},
     "stage": set(STAGES) | set(SENDING),
     "source": {"shared", "encoded"},
+    # the calls' links (web/link_metrics.py)
+    "step": set(LINK_STEPS),
+    "mode": set(LINK_MODES),
+    "outcome": {"answered", "ignored", "succeeded", "other"},
 }
 FAMILIES = {
     "counter": [
@@ -77,6 +84,11 @@ FAMILIES = {
         "lipstream_idle_loops_built",
         "lipstream_idle_loop_evictions",
         "lipstream_idle_loop_build_failures",
+        "lipstream_link_nacks",
+        "lipstream_link_retransmitted_packets",
+        "lipstream_link_keyframe_requests",
+        "lipstream_link_step_changes",
+        "lipstream_link_probes",
     ],
     "gauge": [
         "lipstream_sessions_live",
@@ -98,6 +110,8 @@ FAMILIES = {
         "lipstream_idle_loop_cache_max_bytes",
         "lipstream_idle_loops",
         "lipstream_idle_loops_building",
+        "lipstream_link_calls_by_step",
+        "lipstream_link_calls_by_mode",
     ],
     "histogram": [
         "lipstream_queue_wait_seconds",
@@ -106,6 +120,11 @@ FAMILIES = {
         "lipstream_frame_stage_seconds",
         "lipstream_model_load_seconds",
         "lipstream_inference_batch_size",
+        # gauge histograms (web/link_metrics.py): the 0.0.4 text format types them
+        # histogram, their samples _bucket, _gcount and _gsum
+        "lipstream_link_estimate_bits_per_second",
+        "lipstream_link_rtt_seconds",
+        "lipstream_link_loss_ratio",
     ],
 }
 
@@ -307,6 +326,11 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         assert value(live, "lipstream_background_cache_entries") > 0
         # The demo model was loaded by the session, after the metrics were attached.
         assert value(live, "lipstream_model_loads_total") == 1
+        # The call's link: one call at some ladder step and mode, its estimate in the spread.
+        assert value(live, "lipstream_link_calls_by_step") == 1
+        assert value(live, "lipstream_link_calls_by_mode") == 1
+        assert value(live, "lipstream_link_estimate_bits_per_second_gcount") == 1
+        assert value(live, "lipstream_link_estimate_bits_per_second_gsum") > 0
         assert_labels_bounded(live, forbidden=[session_id, "demo"])
 
         ended = await scrape(client)
@@ -314,6 +338,8 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         assert value(ended, "lipstream_sessions_total", event="started") == 1
         assert value(ended, "lipstream_sessions_total", event="ended") == 1
         assert value(ended, "lipstream_sessions_ended_total", reason="hung up by API") == 1
+        assert value(ended, "lipstream_link_calls_by_step") == 0
+        assert value(ended, "lipstream_link_estimate_bits_per_second_gcount") == 0
         assert_labels_bounded(ended, forbidden=[session_id, "demo"])
 
 
@@ -425,3 +451,75 @@ async def test_core_reports_loads_failures_and_batches_to_its_events(tmp_path: P
     assert {d for d, *_ in events.batches} == {device}
     assert sum(n for _, n, _, _ in events.batches) == 3
     assert all(len(waits) == n for _, n, waits, _ in events.batches)
+
+
+# -- the calls' links ------------------------------------------------------------------
+
+
+def _link(step_index: int, mode: str, estimate_bps: int, rtt_ms: float | None, loss: float) -> Any:
+    from streaming.link import LinkSnapshot
+
+    return LinkSnapshot(
+        mode=mode,
+        estimate_bps=estimate_bps,
+        target_bps=estimate_bps // 2,
+        sent_bps=estimate_bps // 2,
+        loss=loss,
+        rtt_ms=rtt_ms,
+        queue_ms=0.0,
+        step=f"step{step_index}",
+        step_index=step_index,
+        step_changes=step_index,
+        qp=30.0,
+        delay_state="normal",
+        remb_bps=None,
+        nacks=10,
+        retransmitted=8,
+        keyframe_requests=3,
+        keyframe_requests_ignored=1,
+        probes=4,
+        probes_succeeded=3,
+        paced_packets=0,
+        pacing_wait_ms=0.0,
+    )
+
+
+def test_link_metrics_spread_the_live_calls_and_count_ended_ones() -> None:
+    from streaming.live.snapshot import LinkTotals
+    from web.link_metrics import link_metrics
+
+    live = [
+        _link(0, "transport-cc", 2_000_000, 40.0, 0.0),
+        _link(2, "transport-cc", 500_000, 150.0, 0.03),
+        _link(4, "remb", 200_000, None, 0.15),
+    ]
+    ended = LinkTotals()
+    ended.add(_link(1, "loss", 1_000_000, 20.0, 0.0))
+    totals = ended.plus([*live, None])
+    assert ended.nacks == 10  # plus() left the ended calls' totals alone
+    families = {m.name: m for m in link_metrics(live, totals)}
+
+    def sample(name: str, suffix: str = "", **labels: str) -> float:
+        return sum(
+            s.value
+            for s in families[name].samples
+            if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    assert [sample("lipstream_link_calls_by_step", step=s) for s in LINK_STEPS] == [1, 0, 1, 0, 1]
+    assert sample("lipstream_link_calls_by_mode", mode="transport-cc") == 2
+    assert sample("lipstream_link_calls_by_mode", mode="loss") == 0
+    estimate = "lipstream_link_estimate_bits_per_second"
+    assert sample(estimate, "_bucket", le="300000.0") == 1
+    assert sample(estimate, "_bucket", le="600000.0") == 2
+    assert sample(estimate, "_bucket", le="+Inf") == 3
+    assert sample(estimate, "_gsum") == 2_700_000
+    rtt = "lipstream_link_rtt_seconds"
+    assert sample(rtt, "_bucket", le="+Inf") == 2  # the call without a round trip yet is left out
+    assert sample(rtt, "_bucket", le="0.05") == 1
+    assert sample("lipstream_link_loss_ratio", "_bucket", le="0.05") == 2
+    assert sample("lipstream_link_nacks", "_total") == 40
+    assert sample("lipstream_link_keyframe_requests", "_total", outcome="answered") == 8
+    assert sample("lipstream_link_keyframe_requests", "_total", outcome="ignored") == 4
+    assert sample("lipstream_link_probes", "_total", outcome="succeeded") == 12
+    assert sample("lipstream_link_step_changes", "_total") == 7

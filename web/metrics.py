@@ -77,6 +77,9 @@ lipstream_idle_loop_evictions_total         counter                 idle loops
 lipstream_idle_loop_build_failures_total    counter                 idle loops
 ==========================================  =========  ===========  ====================
 
+The calls' links (estimates, round trips, loss, ladder steps, repairs) are listed in
+:mod:`web.link_metrics`.
+
 ``lipstream_frames_dropped_total`` counts live-session frames by why they were not shown
 (``deadline``, ``queue_full``, ``shutting_down``, ``overload``, ``late``, ``not_ready``,
 ``error``); ``lipstream_device_frames_dropped_total`` counts every frame a device scheduler
@@ -104,6 +107,7 @@ from streaming.live.reporting import SENDING, STAGES, FrameSending, FrameStages
 from streaming.live.snapshot import SessionsSnapshot
 from streaming.live.tasks import end_reason_label
 from web.app_keys import CORE, METRICS, SESSIONS
+from web.link_metrics import link_metrics
 
 # The classic text format: every Prometheus version reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -229,6 +233,7 @@ class SnapshotCollector(Collector):
         yield from self._scheduler_metrics()
         yield from self._registry_metrics()
         yield from self._cache_metrics()
+        yield from link_metrics(self._sessions.links(), self._sessions.totals.link)
 
     def _sessions_metrics(self) -> Iterator[Metric]:
         totals = self._sessions.totals

@@ -9,7 +9,9 @@ chosen by what the caller sends:
   delay detector and :class:`~.estimate.RateControl`, a guard against a queue that
   stands without growing (:class:`~.delay_based.QueueGuard`: it is cut like overuse),
   loss from the same feedback, and probes measured by their arrivals. A probe that
-  found room lifts the estimate on trial: if within :data:`TRIAL_S` our packets arrive
+  found room lifts the estimate on trial, ramping to the lift over :data:`RAMP_S`
+  (a probe a token bucket fooled then overloads the link a little before it is caught,
+  not at once by half): if within :data:`TRIAL_S` our packets arrive
   slower than we send them (a token bucket let the probe through and now caps the
   rate) or the link congests, the estimate falls back to what the caller received (never below
 where it was) and probes back off;
@@ -34,11 +36,17 @@ from streaming.link.estimate import BETA, LOSS_LOW, LossBasedRate, RateControl, 
 from streaming.link.feedback import Arrival, FeedbackResult, RateWindow
 from streaming.link.probes import ProbePlanner
 
-#: How long a probe's lift is on trial (module doc).
-TRIAL_S = 2.0
+#: How long a probe's lift is on trial, and how long the estimate takes to ramp to it
+#: (module doc).
+TRIAL_S = 3.0
+RAMP_S = 1.0
+CHAIN_AFTER_S = 2.0
 #: During a trial, packets arriving at under this × the rate they were sent at (over the
 #: last TRIAL_WINDOW_S of them, at least TRIAL_PACKETS) means the lift does not hold.
 TRIAL_RECEIVED = 0.85
+#: Packets arriving at under this × the rate they were sent at, trial or not: the link
+#: dropped under the rate (a cap came down) and the estimate is cut at once.
+SEVERE_RATIO = 0.6
 TRIAL_WINDOW_S = 0.5
 TRIAL_PACKETS = 20
 LOSS_WINDOW_S = 1.0
@@ -61,13 +69,15 @@ class BandwidthEstimator:
         self.mode = Mode.TRANSPORT_CC if transport_cc else Mode.LOSS
         self._delay = DelayDetector()
         self._queue = QueueGuard()
-        self._trial: tuple[int, float] | None = None  # (the estimate before, since when)
+        # (the estimate before, since when, the lift it ramps to)
+        self._trial: tuple[int, float, float] | None = None
         self._rate = RateControl(limits)
         self._remb = RembRate(limits)
         self._loss = LossBasedRate(limits)
         self._received = RateWindow(1.0)  # on the caller's clock
         self._received_now: float | None = None  # the latest arrival, on that clock
         self._recent: deque[Arrival] = deque()  # the last TRIAL_WINDOW_S of arrivals
+        self._recent_lost: deque[tuple[float, int]] = deque()  # ... and of packets lost
         self.probes = ProbePlanner(limits.max_bps)
         self.rtt_s = DEFAULT_RTT_S
         self.rtt_measured = False
@@ -101,8 +111,14 @@ class BandwidthEstimator:
 
     @property
     def on_trial(self) -> bool:
-        """Whether a probe's lift is still on trial (no probe is sent meanwhile)."""
+        """Whether a probe's lift is still on trial."""
         return self._trial is not None
+
+    def may_probe(self, now: float) -> bool:
+        """Whether a probe may go out now: none is on trial, or the last lift has ramped
+        and held for :data:`CHAIN_AFTER_S` (a freed link is climbed in quick steps; the
+        whole chain falls back to where it began if a step does not hold)."""
+        return self._trial is None or now - self._trial[1] >= CHAIN_AFTER_S
 
     @property
     def queue_s(self) -> float:
@@ -120,15 +136,24 @@ class BandwidthEstimator:
             self._received.add(arrival.arrival_s, arrival.size)
             if self._received_now is None or arrival.arrival_s > self._received_now:
                 self._received_now = arrival.arrival_s
-        while recent and recent[0].send_s < recent[-1].send_s - TRIAL_WINDOW_S:
-            recent.popleft()
+        self._recent_lost.extend(result.lost_sent)
+        if recent:
+            since = recent[-1].send_s - TRIAL_WINDOW_S
+            while recent and recent[0].send_s < since:
+                recent.popleft()
+            while self._recent_lost and self._recent_lost[0][0] < since:
+                self._recent_lost.popleft()
         if result.arrivals:
             before = self.estimate_bps
-            usage = self.usage
+            usage, received = self.usage, self.received_bps
             if usage is Usage.NORMAL and self._queue.standing(now):
                 usage = Usage.OVERUSE  # a queue that does not drain by itself
                 self._queue.drained()
-            self._rate.update(usage, self.received_bps, self.rtt_s, now)
+            if self._arrival_ratio() < SEVERE_RATIO:
+                # The link fell far below what we send (a cap came down): cut to what it
+                # delivers now, not to the last second's average.
+                usage, received = Usage.OVERUSE, self._recent_received_bps()
+            self._rate.update(usage, received, self.rtt_s, now)
             if usage is Usage.OVERUSE:
                 self._congested(now)
             self._judge_trial(now)
@@ -140,7 +165,7 @@ class BandwidthEstimator:
     def _congested(self, now: float) -> None:
         self.probes.congested(now)
         if self._trial is not None:  # the lift did not hold: what the caller got then
-            before, _ = self._trial
+            before, _, _ = self._trial
             self._trial = None
             received = self.received_bps
             measured = BETA * received if received is not None else before
@@ -150,30 +175,50 @@ class BandwidthEstimator:
         trial = self._trial
         if trial is None:
             return
-        _, since = trial
+        _, since, lifted = trial
         if self._arrival_ratio() < TRIAL_RECEIVED:
             self._congested(now)
         elif now - since >= TRIAL_S:
             self._trial = None
             self.probes.held()
+        else:  # the ramp towards the lift (module doc), from where this step began
+            start = min(self._rate.rate, lifted)
+            progress = min(1.0, (now - since) / RAMP_S)
+            ramp = start * (lifted / start) ** progress
+            self._rate.set_rate(max(self._rate.rate, ramp), now)
+
+    def _recent_received_bps(self) -> float | None:
+        """What the last :data:`TRIAL_PACKETS` packets arrived at (bits per second): behind
+        a queue, the link's own rate now. None if too few."""
+        recent = self._recent
+        if len(recent) < TRIAL_PACKETS:
+            return None
+        last = sorted(a.arrival_s for a in recent)[-TRIAL_PACKETS:]
+        sizes = [a.size for a in recent if a.arrival_s >= last[0]][1:]
+        span = last[-1] - last[0]
+        return None if span <= 0 else 8 * sum(sizes) / span
 
     def _arrival_ratio(self) -> float:
-        """How fast the latest packets arrived against how fast they were sent (1: the
-        link kept up; less: they queued)."""
+        """What the latest packets were delivered at against what they were sent at (1:
+        the link kept up; less: they queued, or were lost on the way)."""
         recent = self._recent
         if len(recent) < TRIAL_PACKETS:
             return 1.0
-        sent = recent[-1].send_s - recent[0].send_s
-        arrived = max(a.arrival_s for a in recent) - min(a.arrival_s for a in recent)
-        return 1.0 if arrived <= 0 else min(1.0, sent / arrived)
+        sent_span = recent[-1].send_s - recent[0].send_s
+        arrived_span = max(a.arrival_s for a in recent) - min(a.arrival_s for a in recent)
+        if sent_span <= 0 or arrived_span <= 0:
+            return 1.0
+        arrived = sum(a.size for a in recent)
+        lost = sum(size for _, size in self._recent_lost)
+        return min(1.0, (arrived / arrived_span) / ((arrived + lost) / sent_span))
 
     def _probed(self, result_bps: float, before_bps: int, now: float) -> None:
         step = self.probes.step
         self.probes.measured(result_bps, before_bps, now)
         lifted = min(result_bps, step * before_bps)
         if lifted > before_bps:
-            self._trial = (before_bps, now)
-            self._rate.set_rate(max(lifted, self._rate.rate), now)
+            base = before_bps if self._trial is None else min(before_bps, self._trial[0])
+            self._trial = (base, now, lifted)
             self._remb.lift(lifted)
             self._loss.lift(lifted)
 

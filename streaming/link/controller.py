@@ -288,7 +288,7 @@ class LinkController:
         estimator.probes.expire(now)
         if estimator.mode is not Mode.TRANSPORT_CC or not self.sender.can_probe:
             return
-        if estimator.on_trial:
+        if not estimator.may_probe(now):
             return
         cluster = estimator.probes.due(estimator.estimate_bps, now)
         if cluster is not None:

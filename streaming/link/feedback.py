@@ -13,7 +13,7 @@ we sent. Sequence numbers wrap at 2^16; they are unwrapped against the last one 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streaming.link.rtcp_bytes import TransportFeedback
 
@@ -46,6 +46,7 @@ class FeedbackResult:
     arrivals: list[Arrival]
     lost: int
     lost_clusters: dict[int, int]  # probe cluster → its packets lost
+    lost_sent: list[tuple[float, int]] = field(default_factory=list)  # (send time, size)
 
     @property
     def reported(self) -> int:
@@ -90,6 +91,7 @@ class SentPackets:
         arrivals: list[Arrival] = []
         lost = 0
         lost_clusters: dict[int, int] = {}
+        lost_sent: list[tuple[float, int]] = []
         for offset, arrival in enumerate(feedback.arrivals):
             number = base + offset
             sent = self._sent.get(number)
@@ -113,10 +115,11 @@ class SentPackets:
                     continue
                 self._reported.add(number)
                 lost += 1
+                lost_sent.append((sent.send_s, sent.size))
                 if sent.cluster is not None:
                     lost_clusters[sent.cluster] = lost_clusters.get(sent.cluster, 0) + 1
         arrivals.sort(key=lambda a: a.sequence)
-        return FeedbackResult(arrivals, lost, lost_clusters)
+        return FeedbackResult(arrivals, lost, lost_clusters, lost_sent)
 
 
 class RateWindow:

@@ -15,7 +15,7 @@ climb); if they arrived slower, the link is full (the estimate is not raised).
 the call's ceiling, no congestion was seen for :data:`QUIET_S`, and the last probe is
 older than the interval. A probe that found the link full, or whose lift did not hold,
 doubles the interval (up to :data:`MAX_INTERVAL_S`) and makes the next probe smaller; one
-whose lift held resets both, so a capped link is asked rarely and a freed one quickly. A
+that found room resets both, so a capped link is asked rarely and a freed one quickly. A
 token bucket (a shaper, a policer) lets a burst through at any rate, so a probe shorter
 than its bucket finds room that is not there: a probe lasts at least
 :data:`PROBE_MIN_S`, and congestion within :data:`FOOLED_WITHIN_S` of the lift it
@@ -51,7 +51,7 @@ PROBE_STEP = 1.5
 #: estimate (from its 300 kbit/s start, full rate in four probes).
 STARTUP_FACTOR = 2.0
 FIRST_INTERVAL_S = 1.0
-MAX_INTERVAL_S = 16.0
+MAX_INTERVAL_S = 3.0
 #: No probe until the link has been free of congestion (loss, overuse) this long.
 QUIET_S = 1.5
 
@@ -81,7 +81,10 @@ class Cluster:
         receive_span = by_arrival[-1].arrival_s - by_arrival[0].arrival_s
         if send_span <= 0 or receive_span <= 0:
             return None
-        send_bps = 8 * sum(a.size for a in ordered[:-1]) / send_span
+        # the bytes after the first, over the time from the first to the last: the
+        # same bytes both ways (the packets' sizes differ: resent media, then padding)
+        sent_bytes = 8 * sum(a.size for a in ordered[1:])
+        send_bps = sent_bytes / send_span
         receive_bps = 8 * sum(a.size for a in by_arrival[1:]) / receive_span
         if receive_bps < SATURATED_RATIO * send_bps:
             return None  # the link could not take the probe on top of the media
@@ -171,8 +174,9 @@ class ProbePlanner:
         next probe comes soon) or not (the interval doubles)."""
         if result_bps is not None and result_bps > 1.1 * estimate_bps:
             self.succeeded += 1
-            self._jumped_at = now  # the interval is reset once the lift holds (held())
+            self._jumped_at = now
             self._factor = 0
+            self._interval = FIRST_INTERVAL_S  # the next step of the climb soon
         else:
             self._factor = min(self._factor + 1, len(PROBE_FACTORS) - 1)
             self._interval = min(2 * self._interval, MAX_INTERVAL_S)

@@ -29,7 +29,7 @@ from streaming.live.cpu_meter import CpuMeter
 from streaming.live.pipeline import CallResources, Control
 from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
-from streaming.live.snapshot import SessionsSnapshot, SessionTotals
+from streaming.live.snapshot import LinkTotals, SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import EncoderFactory
@@ -55,6 +55,7 @@ class SessionCounters:
     frames_encoded: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
     ended_by_reason: dict[str, int] = field(default_factory=dict)
+    link: LinkTotals = field(default_factory=LinkTotals)
 
 
 class SessionManager:
@@ -120,6 +121,7 @@ class SessionManager:
             for reason, count in session.stats.frames_dropped.items():
                 dropped[reason] = dropped.get(reason, 0) + count
         room = self.admission.room(live)
+        sessions = tuple(s.snapshot() for s in live)
         totals = SessionTotals(
             live=len(live),
             started=c.started,
@@ -137,9 +139,10 @@ class SessionManager:
             room_share=room.share,
             speaking=sum(s.app_audio.speech.speaking for s in live),
             audio_streams=sum(s.app_audio.stream_open for s in live),
+            link=c.link.plus(snapshot.link for snapshot in sessions),
         )
         return SessionsSnapshot(
-            sessions=tuple(s.snapshot() for s in live),
+            sessions=sessions,
             totals=totals,
             cache=self.cache.stats(),
             idle_loops=self.idle_loops.stats(),
@@ -299,6 +302,8 @@ class SessionManager:
         c.frames_inferred += session.stats.frames_inferred
         c.frames_shared += session.stats.frames_shared
         c.frames_encoded += session.stats.frames_encoded
+        if session.peer.link is not None:
+            c.link.add(session.peer.link.snapshot())
         for reason, count in session.stats.frames_dropped.items():
             c.frames_dropped[reason] = c.frames_dropped.get(reason, 0) + count
         reason = session.end_reason or "unknown"

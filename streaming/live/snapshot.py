@@ -9,7 +9,8 @@ The admin API, ``/metrics`` and ``/ready`` read nothing else (``docs/architectur
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from pydantic import TypeAdapter
 
@@ -101,6 +102,38 @@ class SessionSnapshot:
     link: LinkSnapshot | None = None
 
 
+@dataclass
+class LinkTotals:
+    """What the calls' links did since start-up (docs/architecture.md §19), ended calls'
+    and live ones' together: ``/metrics`` counters."""
+
+    nacks: int = 0  # NACKed packets the callers asked for
+    retransmitted: int = 0  # packets resent for them
+    keyframe_requests: int = 0  # PLI/FIR received
+    keyframe_requests_ignored: int = 0  # within a round trip of the last one answered
+    step_changes: int = 0  # quality ladder steps taken, up or down
+    probes: int = 0
+    probes_succeeded: int = 0
+
+    def add(self, link: LinkSnapshot) -> None:
+        """Count one call's link (its totals so far)."""
+        self.nacks += link.nacks
+        self.retransmitted += link.retransmitted
+        self.keyframe_requests += link.keyframe_requests
+        self.keyframe_requests_ignored += link.keyframe_requests_ignored
+        self.step_changes += link.step_changes
+        self.probes += link.probes
+        self.probes_succeeded += link.probes_succeeded
+
+    def plus(self, links: Iterable[LinkSnapshot | None]) -> LinkTotals:
+        """These totals with ``links`` (the live calls') added, as a new value."""
+        total = replace(self)
+        for link in links:
+            if link is not None:
+                total.add(link)
+        return total
+
+
 @dataclass(frozen=True)
 class SessionTotals:
     """Counts since start-up; the live calls' frames are included."""
@@ -126,6 +159,8 @@ class SessionTotals:
     #: Live calls whose caller is getting an app's utterance now, and open audio streams.
     speaking: int = 0
     audio_streams: int = 0
+    #: The calls' links (docs/architecture.md §19).
+    link: LinkTotals = field(default_factory=LinkTotals)
 
 
 @dataclass(frozen=True)
@@ -136,6 +171,10 @@ class SessionsSnapshot:
     totals: SessionTotals
     cache: CacheStats
     idle_loops: IdleLoopStats
+
+    def links(self) -> list[LinkSnapshot]:
+        """The live calls' links (a call with no link, VP8, left out)."""
+        return [session.link for session in self.sessions if session.link is not None]
 
     def to_json(self) -> bytes:
         """The snapshot as JSON (what crosses a process boundary)."""

@@ -18,6 +18,13 @@ const EMPTY_STATS = Object.freeze({
   rttMs: null,
   state: "disconnected",
   timestamp: null, // ms, the inbound video report's own clock: lets tests compute fps
+  bytesReceived: 0,
+  packetsReceived: 0,
+  packetsLost: 0,
+  freezes: null,
+  jitterBufferMs: null,
+  audioConcealed: null,
+  kbps: null,
 });
 
 const $ = (id) => document.getElementById(id);
@@ -43,6 +50,10 @@ const ui = {
     resolution: $("stat-resolution"),
     codec: $("stat-codec"),
     rtt: $("stat-rtt"),
+    bitrate: $("stat-bitrate"),
+    loss: $("stat-loss"),
+    jitter: $("stat-jitter"),
+    freezes: $("stat-freezes"),
   },
 };
 
@@ -82,8 +93,19 @@ function setCallState(phase) {
   }
 }
 
-function publishStats(stats) {
-  window.lipstreamStats = Object.freeze(stats);
+// The link's figures need two readings: the received bitrate over the last second
+// (kbit/s) and the video's loss over the call so far.
+function linkFigures(stats, previous) {
+  const elapsed = previous?.timestamp && stats.timestamp ? stats.timestamp - previous.timestamp : 0;
+  // a reading without a new report (a state change) keeps the last figure
+  const kbps = elapsed > 0 ? (8 * (stats.bytesReceived - previous.bytesReceived)) / elapsed : stats.kbps;
+  const packets = stats.packetsReceived + stats.packetsLost;
+  return { kbps: kbps == null ? null : Math.round(kbps), loss: packets ? stats.packetsLost / packets : null };
+}
+
+function publishStats(stats, previous = null) {
+  const { kbps, loss } = linkFigures(stats, previous);
+  window.lipstreamStats = Object.freeze({ ...stats, kbps, videoLoss: loss });
   const dash = "–";
   ui.stats.state.textContent = stats.state;
   ui.stats.fps.textContent = stats.fps == null ? dash : String(Math.round(stats.fps));
@@ -91,6 +113,10 @@ function publishStats(stats) {
   ui.stats.resolution.textContent = stats.width ? `${stats.width}×${stats.height}` : dash;
   ui.stats.codec.textContent = stats.codec ?? dash;
   ui.stats.rtt.textContent = stats.rttMs == null ? dash : `${stats.rttMs} ms`;
+  ui.stats.bitrate.textContent = kbps == null ? dash : `${kbps} kbit/s`;
+  ui.stats.loss.textContent = loss == null ? dash : `${(100 * loss).toFixed(1)} %`;
+  ui.stats.jitter.textContent = stats.jitterBufferMs == null ? dash : `${stats.jitterBufferMs} ms`;
+  ui.stats.freezes.textContent = stats.freezes == null ? dash : String(stats.freezes);
 }
 
 async function updateStats(live) {
@@ -99,7 +125,7 @@ async function updateStats(live) {
     if (current !== live) return;
     stats.width ??= ui.video.videoWidth || null;
     stats.height ??= ui.video.videoHeight || null;
-    publishStats(stats);
+    publishStats(stats, window.lipstreamStats);
   } catch (err) {
     console.warn("getStats failed", err); // the next tick tries again
   }

@@ -438,10 +438,16 @@ export class Call extends EventTarget {
   /**
    * The figures a page shows, from the peer connection's stats: `fps`, `framesDecoded`,
    * `width`, `height`, `codec` (e.g. `video/H264`), `rttMs`, `state` (the connection
-   * state) and `timestamp` (ms, the inbound video report's own clock).
+   * state) and `timestamp` (ms, the inbound video report's own clock); and how the link
+   * treats the video: `bytesReceived`, `packetsReceived`, `packetsLost`, `freezes` (the
+   * browser's own count), `jitterBufferMs` (the mean jitter-buffer delay so far) and
+   * `audioConcealed` (the share of the voice's samples the browser had to make up).
+   * Two readings give the received bitrate: bytes over the timestamps' difference.
    * @returns {Promise<{fps: number|null, framesDecoded: number, width: number|null,
    *   height: number|null, codec: string|null, rttMs: number|null, state: string,
-   *   timestamp: number|null}>}
+   *   timestamp: number|null, bytesReceived: number, packetsReceived: number,
+   *   packetsLost: number, freezes: number|null, jitterBufferMs: number|null,
+   *   audioConcealed: number|null}>}
    */
   async stats() {
     return readStats(await this.pc.getStats(), this.pc.connectionState);
@@ -819,10 +825,12 @@ function littleEndian(samples, width) {
 /** Pick the figures a page shows out of an RTCStatsReport (Chromium, Firefox, Safari). */
 function readStats(report, state) {
   let video = null;
+  let audio = null;
   let selectedPairId = null;
   const pairs = [];
   for (const s of report.values()) {
     if (s.type === "inbound-rtp" && (s.kind ?? s.mediaType) === "video") video = s;
+    else if (s.type === "inbound-rtp" && (s.kind ?? s.mediaType) === "audio") audio = s;
     else if (s.type === "transport" && s.selectedCandidatePairId) selectedPairId = s.selectedCandidatePairId;
     else if (s.type === "candidate-pair") pairs.push(s);
   }
@@ -841,5 +849,15 @@ function readStats(report, state) {
     rttMs: rtt == null ? null : Math.round(rtt * 10000) / 10,
     state,
     timestamp: video?.timestamp ?? null,
+    bytesReceived: video?.bytesReceived ?? 0,
+    packetsReceived: video?.packetsReceived ?? 0,
+    packetsLost: Math.max(0, video?.packetsLost ?? 0),
+    freezes: video?.freezeCount ?? null,
+    jitterBufferMs: video?.jitterBufferEmittedCount
+      ? Math.round((1000 * video.jitterBufferDelay) / video.jitterBufferEmittedCount)
+      : null,
+    audioConcealed: audio?.totalSamplesReceived
+      ? audio.concealedSamples / audio.totalSamplesReceived
+      : null,
   };
 }
