@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from streaming.link import LinkSnapshot
 from streaming.live.snapshot import AddedDelay, AppAudioState, BufferedMedia, SessionSnapshot
 
 _SAMPLE = SessionSnapshot(
@@ -44,3 +45,33 @@ _SAMPLE = SessionSnapshot(
 def session_snapshot(**changes: Any) -> SessionSnapshot:
     """The sample call, with ``changes`` applied (e.g. ``session_id="two"``)."""
     return dataclasses.replace(_SAMPLE, **changes)
+
+
+_LINK = LinkSnapshot(
+    mode="transport-cc",
+    estimate_bps=1_000_000,
+    target_bps=860_000,
+    sent_bps=900_000,
+    loss=0.0,
+    rtt_ms=None,
+    queue_ms=0.0,
+    step="720p25",
+    step_index=0,
+    step_changes=0,
+    qp=30.0,
+    delay_state="normal",
+    remb_bps=None,
+    nacks=10,
+    retransmitted=8,
+    keyframe_requests=3,
+    keyframe_requests_ignored=1,
+    probes=4,
+    probes_succeeded=3,
+    paced_packets=0,
+    pacing_wait_ms=0.0,
+)
+
+
+def link_snapshot(**changes: Any) -> LinkSnapshot:
+    """A call's link, with ``changes`` applied (e.g. ``estimate_bps=300_000``)."""
+    return dataclasses.replace(_LINK, **changes)

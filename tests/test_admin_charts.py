@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from streaming.idle_loops.cache import IdleLoopStats
 from streaming.live.snapshot import AddedDelay, SessionSnapshot, SessionsSnapshot, SessionTotals
 from tests.browser_page import browser_page
 from tests.live_calls import GENEROUS_MARGIN_MS
-from tests.snapshots import session_snapshot
+from tests.snapshots import link_snapshot, session_snapshot
 from web.app import build_app
 from web.cluster.aggregate import merged_history
 from web.history import HISTORY_POINTS, MAX_SERIES, History, HistorySampler
@@ -208,6 +209,24 @@ async def test_hundreds_of_sessions_stay_within_the_cap() -> None:
 
 
 # -- the sampler --------------------------------------------------------------------------
+
+
+async def test_a_calls_link_is_charted_when_it_has_one() -> None:
+    clock = Clock(1000.0)
+    with_link = replace(
+        _call("a"), link=link_snapshot(estimate_bps=480_000, sent_bps=455_500, loss=0.0125)
+    )
+    feed = Feed(
+        _core(_device("cpu:0", batches=0, frames=0, busy_s=0, queue=0)),
+        _live([with_link, _call("b")]),
+    )
+    history = History()
+    await HistorySampler(history, feed, clock).sample()
+    assert _values(history, "session", "a", "link_estimate_kbps") == [(1000.0, 480.0)]
+    assert _values(history, "session", "a", "link_sent_kbps") == [(1000.0, 455.5)]
+    assert _values(history, "session", "a", "link_loss_pct") == [(1000.0, 1.25)]
+    assert history.get(("session", "a", "link_rtt_ms")) is None  # no round trip measured yet
+    assert history.get(("session", "b", "link_estimate_kbps")) is None  # no link, no series
 
 
 async def test_the_sampler_records_the_snapshots_figures() -> None:
@@ -396,6 +415,7 @@ async def test_the_admin_page_charts_the_history_of_a_call(
         assert "device cpu:0 busy share" in drawn_charts
         assert f"session {sid} fps" in drawn_charts
         assert f"session {sid} delay p95 ms" in drawn_charts
+        assert f"session {sid} link kbit/s" in drawn_charts  # Chromium's call has a link
         for point in drawn:
             subject = " ".join(point["chart"].split(" ")[:2])
             values = served[(subject, point["series"])]

@@ -26,6 +26,7 @@ from streaming.live.tasks import END_REASONS
 from streaming.live.tasks import STAGES as TASK_STAGES
 from tests.live_calls import GENEROUS_MARGIN_MS, until
 from tests.packages import make_package
+from tests.snapshots import link_snapshot
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -457,30 +458,13 @@ async def test_core_reports_loads_failures_and_batches_to_its_events(tmp_path: P
 
 
 def _link(step_index: int, mode: str, estimate_bps: int, rtt_ms: float | None, loss: float) -> Any:
-    from streaming.link import LinkSnapshot
-
-    return LinkSnapshot(
+    return link_snapshot(
         mode=mode,
         estimate_bps=estimate_bps,
-        target_bps=estimate_bps // 2,
-        sent_bps=estimate_bps // 2,
-        loss=loss,
         rtt_ms=rtt_ms,
-        queue_ms=0.0,
-        step=f"step{step_index}",
+        loss=loss,
         step_index=step_index,
         step_changes=step_index,
-        qp=30.0,
-        delay_state="normal",
-        remb_bps=None,
-        nacks=10,
-        retransmitted=8,
-        keyframe_requests=3,
-        keyframe_requests_ignored=1,
-        probes=4,
-        probes_succeeded=3,
-        paced_packets=0,
-        pacing_wait_ms=0.0,
     )
 
 

@@ -12,7 +12,9 @@ Series, keyed by ``(scope, subject, name)``:
   the interval, 0..1), ``queue_depth``, ``mean_batch`` (frames per batch run over the
   interval);
 - ``session`` (subject: the session id): ``fps``, ``delay_p95_ms`` (server-added delay),
-  ``dropped`` (frames dropped since the call started) and ``dropped:<reason>``;
+  ``dropped`` (frames dropped since the call started) and ``dropped:<reason>``; and for
+  a call with a link (``docs/architecture.md`` §19) ``link_estimate_kbps``,
+  ``link_sent_kbps``, ``link_loss_pct`` and ``link_rtt_ms`` (once measured);
 - ``server`` (subject ``server``): ``live_sessions``, ``speaking_sessions``,
   ``cpu_ms_per_frame`` (once admission measured it), ``shared_fps`` and ``encoded_fps``
   (video frames per second sent from shared idle loops and encoded by the calls).
@@ -201,6 +203,15 @@ class HistorySampler:
             h.add(("session", sid, "dropped"), now, float(sum(session.frames_dropped.values())))
             for reason, count in session.frames_dropped.items():
                 h.add(("session", sid, f"dropped:{reason}"), now, float(count))
+            link = session.link
+            if link is not None:
+                h.add(
+                    ("session", sid, "link_estimate_kbps"), now, round(link.estimate_bps / 1e3, 1)
+                )
+                h.add(("session", sid, "link_sent_kbps"), now, round(link.sent_bps / 1e3, 1))
+                h.add(("session", sid, "link_loss_pct"), now, round(100 * link.loss, 2))
+                if link.rtt_ms is not None:
+                    h.add(("session", sid, "link_rtt_ms"), now, link.rtt_ms)
         totals = live.totals
         h.add(("server", "server", "live_sessions"), now, float(totals.live))
         h.add(("server", "server", "speaking_sessions"), now, float(totals.speaking))

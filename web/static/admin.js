@@ -255,6 +255,9 @@ const CHARTS = {
     { title: "fps", series: { fps: "fps" } },
     { title: "delay p95 ms", series: { delay_p95_ms: "delay p95 ms" } },
     { title: "drops", series: { dropped: "dropped" } },
+    { title: "link kbit/s", series: { link_estimate_kbps: "estimate", link_sent_kbps: "sent" } },
+    { title: "link rtt ms", series: { link_rtt_ms: "rtt ms" } },
+    { title: "link loss %", series: { link_loss_pct: "loss %" } },
   ],
 };
 
