@@ -19,6 +19,9 @@ delay within the anchor's + 50 ms. Needs root (namespaces), Debian's chromium, i
 iptables and espeak-ng. Not a test: ``tests/test_shaped_links.py`` asserts the bounds.
 
     sudo .venv/bin/python -m benchmarks.network [--quick] [--only cap600 dip] [--no-anchor]
+
+The server takes ``LIPSTREAM_*`` variables from the environment, so a setting is measured
+on the same links: ``LIPSTREAM_VIDEO__SHARED_IDLE=false sudo -E ... --only cap600``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import tempfile
 import wave
 from collections.abc import Sequence
@@ -53,6 +57,7 @@ from benchmarks.shaped_calls import (
     namespaced_chromium,
     run_scenario,
 )
+from config.loader import CONFIG_ENV, ENV_PREFIX, load_settings
 from config.settings import Settings, TtsSettings
 from streaming.audio_in.tts import build_tts_engine
 from streaming.audio_rates import OUT_RATE
@@ -122,13 +127,19 @@ def speech_wav(path: Path) -> Path:
 
 
 def server_settings(root: Path) -> Settings:
-    return Settings.model_validate(
+    """The server's settings: the defaults, any ``LIPSTREAM_*`` variable of this process
+    (to measure a setting on the same links: ``LIPSTREAM_VIDEO__SHARED_IDLE=false``), the
+    demo avatar in ``root`` on the CPU."""
+    environ = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX) and k != CONFIG_ENV}
+    environ.update(
         {
-            "avatars": {"root": str(root / "avatars"), "data_dir": str(root / "data")},
-            "devices": {"kind": "cpu"},
-            "server": {"max_sessions": 8},
+            "LIPSTREAM_AVATARS__ROOT": str(root / "avatars"),
+            "LIPSTREAM_AVATARS__DATA_DIR": str(root / "data"),
+            "LIPSTREAM_DEVICES__KIND": "cpu",
+            "LIPSTREAM_SERVER__MAX_SESSIONS": "8",
         }
     )
+    return load_settings(None, environ)
 
 
 def anchor_video(root: Path, speech: Path) -> Path:

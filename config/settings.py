@@ -333,6 +333,9 @@ class VideoSettings(_Section):
     preset: X264Preset = "ultrafast"
     bitrate_kbps: int | None = Field(default=None, ge=100)
     keyframe_interval_s: float = Field(default=10.0, gt=0)
+    #: The encoder's VBV buffer in seconds at its target: the most of the link's time one
+    #: frame (an IDR) may take, what a caller's jitter buffer is sized by on a slow link.
+    vbv_s: float = Field(default=0.15, ge=0.04, le=1.0)
     encoder_threads: int = Field(default=1, ge=0, le=64)
     shared_idle: bool = True
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)

@@ -165,6 +165,7 @@ class EncoderConfig:
             gop=max(1, round(settings.keyframe_interval_s * fps)),
             level=h264_level(width, height, fps, bitrate),
             threads=settings.encoder_threads,
+            vbv_s=settings.vbv_s,
         )
 
     @property
