@@ -19,7 +19,13 @@ from streaming.link.ladder import (
     steps_for,
 )
 from streaming.link.pacer import BURST_S, MAX_WAIT_S, Pacer
-from streaming.link.probes import FIRST_INTERVAL_S, QUIET_S, ProbePlanner
+from streaming.link.probes import (
+    FIRST_INTERVAL_S,
+    MAX_INTERVAL_S,
+    QUIET_S,
+    RECOVER_INTERVAL_S,
+    ProbePlanner,
+)
 from streaming.link.rtcp_bytes import TransportFeedback
 
 LIMITS = RateLimits(min_bps=50_000, max_bps=2_000_000, start_bps=1_000_000)
@@ -146,6 +152,45 @@ def test_a_probes_lift_that_congests_counts_as_failed() -> None:
     planner.congested(2.0)  # within FOOLED_WITHIN_S of the lift
     assert planner.succeeded == 0
     assert not planner.starting
+    # and fooled again and again, the probes back off as if they had found nothing
+    sent = []
+    for tenth in range(30, 600):
+        now = tenth / 10
+        probe = planner.due(500_000, now)
+        if probe is not None:
+            sent.append(now)
+            planner.abandon(probe.ident)
+            planner.measured(1_000_000, 500_000, now)  # a token bucket let it through
+            planner.congested(now + 1.0)  # and the lift then congested the link
+    assert max(b - a for a, b in itertools.pairwise(sent)) >= MAX_INTERVAL_S - 0.2
+
+
+def _failures(planner: ProbePlanner, estimate_bps: int, start: float) -> list[float]:
+    """Probes sent over 60 s from ``start`` that each find the link full: when."""
+    sent = []
+    for tenth in range(600):
+        now = start + tenth / 10
+        cluster = planner.due(estimate_bps, now)
+        if cluster is not None:
+            sent.append(now)
+            planner.abandon(cluster.ident)
+            planner.measured(None, estimate_bps, now)
+    return sent
+
+
+def test_a_link_capped_where_it_held_is_probed_rarely_a_dropped_one_often() -> None:
+    capped = ProbePlanner(2_500_000)
+    capped.held(600_000, 0.0)  # the link carried 600 kbit/s, and nothing more since
+    rarely = _failures(capped, 580_000, 0.0)
+    assert max(b - a for a, b in itertools.pairwise(rarely)) >= MAX_INTERVAL_S - 0.2
+    assert len(rarely) <= 8  # 1, 2, 4, 8, 16, 16 ... s apart
+    dropped = ProbePlanner(2_500_000)
+    dropped.held(2_400_000, 0.0)  # it carried 2.4 Mbit/s a moment ago, 500 kbit/s now
+    often = _failures(dropped, 500_000, 0.0)
+    gaps = [b - a for a, b in itertools.pairwise(often)]
+    assert max(gaps[: len(gaps) // 2]) <= RECOVER_INTERVAL_S + 0.2  # while that is recent
+    late = _failures(dropped, 500_000, 60.0)  # a minute on, the drop is what the link is
+    assert len(late) <= 8
 
 
 # -- rates -----------------------------------------------------------------------------

@@ -180,7 +180,7 @@ class BandwidthEstimator:
             self._congested(now)
         elif now - since >= TRIAL_S:
             self._trial = None
-            self.probes.held()
+            self.probes.held(self.estimate_bps, now)
         else:  # the ramp towards the lift (module doc), from where this step began
             start = min(self._rate.rate, lifted)
             progress = min(1.0, (now - since) / RAMP_S)

@@ -14,8 +14,13 @@ climb); if they arrived slower, the link is full (the estimate is not raised).
 :class:`ProbePlanner` says when to probe and how much: only when the estimate is below
 the call's ceiling, no congestion was seen for :data:`QUIET_S`, and the last probe is
 older than the interval. A probe that found the link full, or whose lift did not hold,
-doubles the interval (up to :data:`MAX_INTERVAL_S`) and makes the next probe smaller; one
-that found room resets both, so a capped link is asked rarely and a freed one quickly. A
+doubles the interval and makes the next probe smaller; one that found room resets both,
+so a capped link is asked rarely and a freed one quickly. How rarely depends on what the
+link carried lately: below :data:`RECOVER_BELOW` × the highest estimate that held within
+:data:`BEST_KEEP_S` (the link dropped: it may come back) the interval stays under
+:data:`RECOVER_INTERVAL_S`; at about that level (a link capped there) it grows to
+:data:`MAX_INTERVAL_S`, since each probe on a capped link is a short overload (as
+libwebrtc probes again soon after a large drop, and rarely otherwise). A
 token bucket (a shaper, a policer) lets a burst through at any rate, so a probe shorter
 than its bucket finds room that is not there: a probe lasts at least
 :data:`PROBE_MIN_S`, and congestion within :data:`FOOLED_WITHIN_S` of the lift it
@@ -51,7 +56,10 @@ PROBE_STEP = 1.5
 #: estimate (from its 300 kbit/s start, full rate in four probes).
 STARTUP_FACTOR = 2.0
 FIRST_INTERVAL_S = 1.0
-MAX_INTERVAL_S = 3.0
+MAX_INTERVAL_S = 16.0
+RECOVER_INTERVAL_S = 3.0
+RECOVER_BELOW = 0.7
+BEST_KEEP_S = 60.0
 #: No probe until the link has been free of congestion (loss, overuse) this long.
 QUIET_S = 1.5
 
@@ -97,11 +105,13 @@ class ProbePlanner:
     def __init__(self, ceiling_bps: int) -> None:
         self.ceiling_bps = ceiling_bps
         self._interval = FIRST_INTERVAL_S
+        self._interval_before_jump = FIRST_INTERVAL_S
         self._last_probe = -math.inf
         self._last_congestion = -math.inf
         self._next_ident = 1
         self._jumped_at = -math.inf
         self._factor = 0  # index into PROBE_FACTORS
+        self._best = (0, -math.inf)  # the highest estimate that held lately, and when
         self.clusters: dict[int, Cluster] = {}
         self.sent = 0
         self.succeeded = 0
@@ -112,7 +122,9 @@ class ProbePlanner:
         if now - self._jumped_at < FOOLED_WITHIN_S:  # the last jump did not hold
             self._jumped_at = -math.inf
             self.succeeded -= 1
-            self._interval = min(2 * self._interval, MAX_INTERVAL_S)
+            # backed off from the interval before the jump: a link that fools every
+            # probe is asked ever more rarely, as one whose probes find it full
+            self._interval = min(2 * self._interval_before_jump, MAX_INTERVAL_S)
 
     @property
     def starting(self) -> bool:
@@ -128,7 +140,9 @@ class ProbePlanner:
         """A probe to send now, or None."""
         if estimate_bps >= 0.95 * self.ceiling_bps or self.clusters:
             return None
-        if now - self._last_congestion < QUIET_S or now - self._last_probe < self._interval:
+        if now - self._last_congestion < QUIET_S or now - self._last_probe < self._wait(
+            estimate_bps, now
+        ):
             return None
         factor = PROBE_FACTORS[self._factor]
         rate = int(min(self.ceiling_bps, factor * estimate_bps)) - estimate_bps
@@ -140,10 +154,21 @@ class ProbePlanner:
         self.sent += 1
         return cluster
 
-    def held(self) -> None:
-        """The last probe's lift held: the link had that room; the next probe soon."""
+    def held(self, estimate_bps: int, now: float) -> None:
+        """The last probe's lift held at ``estimate_bps``: the link had that room; the
+        next probe soon."""
         self._jumped_at = -math.inf
         self._interval = FIRST_INTERVAL_S
+        best, since = self._best
+        if estimate_bps >= best or now - since > BEST_KEEP_S:
+            self._best = (estimate_bps, now)
+
+    def _wait(self, estimate_bps: int, now: float) -> float:
+        """How long after the last probe the next may go (module doc)."""
+        best, since = self._best
+        if now - since <= BEST_KEEP_S and estimate_bps < RECOVER_BELOW * best:
+            return min(self._interval, RECOVER_INTERVAL_S)
+        return self._interval
 
     def abandon(self, ident: int) -> None:
         """A probe that could not be sent (nothing to send it with)."""
@@ -176,6 +201,7 @@ class ProbePlanner:
             self.succeeded += 1
             self._jumped_at = now
             self._factor = 0
+            self._interval_before_jump = self._interval
             self._interval = FIRST_INTERVAL_S  # the next step of the climb soon
         else:
             self._factor = min(self._factor + 1, len(PROBE_FACTORS) - 1)
