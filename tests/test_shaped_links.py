@@ -7,8 +7,11 @@ the link (``tc tbf`` caps on server → caller, ``iptables`` random loss both wa
 ``benchmarks/netns.py``), makes one call, lets it settle 6 s and reads what Chromium's
 ``getStats()`` says over the next 30 s (``benchmarks/link_stats.py``): frames a second,
 freezes (Chromium's own count), jitter-buffer delay, received bitrate, audio concealed.
-The bounds are issue 35's; ``benchmarks/network.py`` runs the same scenarios beside
-Chromium → Chromium on the same link.
+The bounds are issue 35's, except where Chromium → Chromium itself does not meet them
+on this kind of VM (the dip's freezes and climb back, the voice at 300 kbit/s and at 5 %
+loss): there they are set beside what it does, and each says so;
+``benchmarks/network.py`` runs the same scenarios beside Chromium → Chromium on the same
+link (``docs/benchmarks.md`` §16).
 
 Root is needed (namespaces, tc, iptables), as CI has.
 """
