@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from streaming.link.bandwidth import BandwidthEstimator
 from streaming.link.delay_based import DelayDetector, QueueGuard, Usage
 from streaming.link.estimate import LossBasedRate, RateControl, RateLimits, RembRate
-from streaming.link.feedback import SentPackets
+from streaming.link.feedback import FeedbackResult, SentPackets
 from streaming.link.history import SendHistory
 from streaming.link.ladder import (
     DOWN_HOLD_S,
@@ -191,6 +192,16 @@ def test_a_link_capped_where_it_held_is_probed_rarely_a_dropped_one_often() -> N
     assert max(gaps[: len(gaps) // 2]) <= RECOVER_INTERVAL_S + 0.2  # while that is recent
     late = _failures(dropped, 500_000, 60.0)  # a minute on, the drop is what the link is
     assert len(late) <= 8
+
+
+def test_a_link_that_loses_everything_keeps_only_the_last_half_second_of_losses() -> None:
+    estimator = BandwidthEstimator(LIMITS, transport_cc=True)
+    sent_at = 0.0
+    for tenth in range(600):  # 60 s of feedback, each reporting 20 packets lost
+        lost = [(sent_at + i / 200, 1200) for i in range(20)]
+        sent_at += 0.1
+        estimator.transport_feedback(FeedbackResult([], 20, {}, lost), tenth / 10)
+    assert len(estimator._recent_lost) <= 0.5 * 200 + 20  # TRIAL_WINDOW_S of them
 
 
 # -- rates -----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ in fourteen and shrink the picture for nothing.
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 
 from streaming.link.delay_based import DelayDetector, QueueGuard, Usage
@@ -136,13 +137,16 @@ class BandwidthEstimator:
             self._received.add(arrival.arrival_s, arrival.size)
             if self._received_now is None or arrival.arrival_s > self._received_now:
                 self._received_now = arrival.arrival_s
-        self._recent_lost.extend(result.lost_sent)
-        if recent:
-            since = recent[-1].send_s - TRIAL_WINDOW_S
-            while recent and recent[0].send_s < since:
-                recent.popleft()
-            while self._recent_lost and self._recent_lost[0][0] < since:
-                self._recent_lost.popleft()
+        lost = self._recent_lost
+        lost.extend(result.lost_sent)
+        # both kept for the last TRIAL_WINDOW_S of sending: by the latest packet either
+        # way (a link that loses everything reports losses only, and they must not pile up)
+        latest = max(recent[-1].send_s if recent else -math.inf, lost[-1][0] if lost else -math.inf)
+        since = latest - TRIAL_WINDOW_S
+        while recent and recent[0].send_s < since:
+            recent.popleft()
+        while lost and lost[0][0] < since:
+            lost.popleft()
         if result.arrivals:
             before = self.estimate_bps
             usage, received = self.usage, self.received_bps
