@@ -58,6 +58,13 @@ def test_a_slot_later_than_that_skips_to_the_current_one() -> None:
     assert audio == Slot(112, 12, 0.0)
 
 
+def test_a_tracks_first_slot_is_sent_however_late_and_the_next_ones_skip() -> None:
+    """A receiver counts frames from the first one it gets: that must be slot 0."""
+    first = next_slot(now=11.0, due=10.0, index=0, period_s=FRAME_S)  # a second late
+    assert first == Slot(0, 0, 0.0)
+    assert next_slot(now=11.0, due=10.04, index=1, period_s=FRAME_S) == Slot(25, 24, 0.0)
+
+
 # -- the clock ----------------------------------------------------------------------------
 
 

@@ -150,6 +150,27 @@ async def test_a_cut_utterance_played_what_its_sent_chunks_held(
     assert len(rig.of("speech_started")) == (1 if ticks > DELAY_CHUNKS else 0)
 
 
+async def test_speech_started_waits_for_its_first_chunk_to_be_sent() -> None:
+    """The frame holding an utterance's start can go a slot before the audio chunk that
+    holds it (a frame spans two chunks): the event waits for that chunk, so an interrupt
+    the app sends on ``speech_started`` always finds some of the utterance sent."""
+    rig = Rig()
+    rig.tick()  # a chunk of silence: the utterance starts in chunk 1, frame 0's second half
+    number = rig.push(30 * CHUNK_SAMPLES)
+    for _ in range(DELAY_CHUNKS):
+        rig.tick()  # chunk 0 and frame 0 sent
+    assert await rig.read() == []  # frame 0 shows its start, but its audio is not sent yet
+    rig.tick()  # chunk 1
+    (started,) = await rig.read()
+    assert started["type"] == "speech_started"
+    assert started["media_ms"] == 20.0
+    rig.interrupt()
+    await rig.read()
+    (ended,) = rig.of("speech_ended")
+    assert ended["utterance"] == number
+    assert ended["played_ms"] == ms(CHUNK_SAMPLES)
+
+
 async def test_every_cut_utterance_ends_before_interrupted_in_order() -> None:
     rig = Rig()
     done = rig.push(5 * CHUNK_SAMPLES)  # plays out before the cut
@@ -328,7 +349,9 @@ async def test_played_ms_is_what_the_caller_heard(client: Client, tmp_path: Path
             if isinstance(plan, float):
                 cut_at["offset"] = int(plan * frames)
             elif plan == "last":
-                cut_at["offset"] = frames - 1  # the frame of its last 40 ms
+                # The frame of its last 40 ms: speaking shows from the frame holding its
+                # start, or the next one when its first chunk goes a slot after that frame.
+                cut_at["offset"] = frames - 2
             first = len(heard.frames)
             body = write_wav(tmp_path / "tone.wav", _tone(seconds), OUT_RATE).read_bytes()
             pushed = await client.post(

@@ -7,8 +7,12 @@ first (or last) one lip-syncing the utterance, sent together with its audio. So 
 that starts a barge-in timer or a transcript highlight on these events is in step with
 what the user perceives. A ``speech_ended`` also waits for the audio track to take the
 utterance's last chunk (a slot after its frame, at most), so its ``played_ms`` is what
-was sent, not what is about to be; an audio track more than :data:`AUDIO_LAG_MS` behind
-the video (or none: a caller that did not negotiate audio) is not waited for.
+was sent, not what is about to be, and a ``speech_started`` for the audio track to take
+the utterance's first chunk, so an interrupt that follows it always finds some of the
+utterance sent (``played_ms`` above 0). The two tracks keep separate 40 ms and 20 ms
+slots, so the audio holding a mark can go out a slot after the frame. An audio track
+more than :data:`AUDIO_LAG_MS` behind the video (or none: a caller that did not
+negotiate audio) is not waited for.
 
 Every utterance that had audio ends with exactly one ``speech_ended``, with
 ``played_ms`` (its audio handed to the caller's audio track,
@@ -67,8 +71,8 @@ class SpeechEvents:
         self._release()
 
     def audio_sent(self, index: int) -> None:
-        """The audio track took slot ``index`` (after the ledger counted it): an ended
-        utterance whose frame went out and whose last chunk this was is told now."""
+        """The audio track took slot ``index`` (after the ledger counted it): an utterance
+        whose frame went out and whose first (or last) chunk this was is told now."""
         self._audio_until_ms = (index + 1) * AUDIO_CHUNK_S * 1000
         if self._waiting:
             self._release()
@@ -78,9 +82,11 @@ class SpeechEvents:
         waiting = self._waiting
         while waiting and waiting[0].media_ms < until_ms:
             mark = waiting[0]
-            audio_keeps_up = self._audio_until_ms + AUDIO_LAG_MS >= until_ms
-            if mark.kind == "end" and mark.playback.waiting and audio_keeps_up:
-                return  # its last chunk goes out in the next audio slot
+            if self._audio_until_ms + AUDIO_LAG_MS >= until_ms:  # the audio track keeps up
+                if mark.kind == "start" and self._audio_until_ms <= mark.media_ms:
+                    return  # its first chunk goes out in the next audio slot
+                if mark.kind == "end" and mark.playback.waiting:
+                    return  # its last chunk goes out in the next audio slot
             waiting.popleft()
             if mark.kind == "start":
                 self._speaking.add(mark.utterance)

@@ -9,8 +9,12 @@ rather than being called from it.
 A track that falls behind catches up or skips (:func:`next_slot`): a slot up to
 :data:`CATCH_UP_S` late is sent at once (the following ones are early again, since due
 times are absolute, so small stalls do not accumulate); later than that, the missed
-slots are skipped, so lateness never turns into growing latency. Both the clock and the
-sleep are passed in, so tests step time by hand.
+slots are skipped, so lateness never turns into growing latency. A track's first slot
+(0) is never skipped, however late: a receiver counts the session's frames and chunks
+from the first one it gets (the RTP timestamps start at a random origin), so the first
+one sent must be slot 0 for its ``index`` and ``media_ms`` (``docs/apps.md``) to match
+the events'; a late first slot is sent late, and the slots after it skip as usual. Both
+the clock and the sleep are passed in, so tests step time by hand.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def next_slot(now: float, due: float, index: int, period_s: float) -> Slot:
     if now < due:
         return Slot(index, 0, due - now)
     late_s = now - due
-    if late_s <= CATCH_UP_S:
+    if late_s <= CATCH_UP_S or index == 0:
         return Slot(index, 0, 0.0)
     skipped = math.floor(late_s / period_s)
     return Slot(index + skipped, skipped, 0.0)
