@@ -23,6 +23,7 @@ TWO_BYTE_PROFILE = 0x1000
 _FIXED_HEADER = 12
 
 #: The header extensions the link writes (their ids come from the caller's offer).
+MID_URI = "urn:ietf:params:rtp-hdrext:sdes:mid"
 ABS_SEND_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
 TRANSPORT_CC_URI = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
 
@@ -97,7 +98,7 @@ def extension_elements(data: bytes, header: RtpHeader) -> dict[int, bytes]:
     return elements
 
 
-def _pack_extension(elements: dict[int, bytes]) -> bytes:
+def pack_extension(elements: dict[int, bytes]) -> bytes:
     if not elements:
         return b""
     one_byte = all(1 <= i <= 14 and 1 <= len(v) <= 16 for i, v in elements.items())
@@ -123,7 +124,7 @@ def with_extensions(data: bytes, header: RtpHeader, values: dict[int, bytes]) ->
         _overwrite(out, header, values)
         return bytes(out)
     elements.update(values)
-    extension = _pack_extension(elements)
+    extension = pack_extension(elements)
     first = data[0] | 0x10
     return bytes([first]) + data[1 : header.csrc_end] + extension + data[header.payload_start :]
 

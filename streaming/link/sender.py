@@ -49,6 +49,7 @@ from streaming.link.rtp_bytes import (
     rtx_packet,
     with_extensions,
 )
+from streaming.link.rtp_writer import RtpWriter
 
 #: Seconds from the NTP epoch (1900) to the Unix epoch (1970).
 NTP_EPOCH_OFFSET = 2_208_988_800
@@ -57,7 +58,12 @@ WIRE_OVERHEAD = 10 + 8 + 20
 #: Resent packets under this size are padded out by padding packets in a probe.
 PROBE_MIN_PACKET = 400
 
+_SEQUENCE = struct.Struct("!H")
+_TIMESTAMP = struct.Struct("!I")
+
 Send = Callable[[bytes], Awaitable[None]]
+#: Sends a plaintext packet at once if it can (True), else leaves it to :data:`Send`.
+SendNow = Callable[[bytearray], bool]
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,11 @@ class MediaSender:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        send_now: SendNow | None = None,
     ) -> None:
         self.streams = streams
         self._send = send
+        self._send_now = send_now
         self.pacer = pacer
         self._clock = clock
         self._wall_clock = wall_clock
@@ -95,10 +103,11 @@ class MediaSender:
         self.history = SendHistory()
         self.rate = RateWindow(1.0)
         self._rtx_sequence = random.randrange(0x8000)
-        self._last_video: RtpHeader | None = None
+        self._last_video_timestamp: int | None = None
         self._reports: OrderedDict[int, float] = OrderedDict()  # LSR → when the SR left
         self._handed: OrderedDict[int, float] = OrderedDict()  # video RTP ts → wall time
         self.video_packets = 0
+        self.direct_packets = 0  # written packets sent by ``send_now``, not aiortc's send
         self.probe_packets = 0
 
     async def send(self, data: bytes) -> None:
@@ -114,7 +123,7 @@ class MediaSender:
         if header.ssrc == self.streams.video_ssrc:
             now = self._clock()
             self.history.add(header.sequence, data, now)
-            self._last_video = header
+            self._last_video_timestamp = header.timestamp
             if header.timestamp not in self._handed:
                 self._handed[header.timestamp] = self._wall_clock()
                 while len(self._handed) > 64:
@@ -124,6 +133,51 @@ class MediaSender:
             if wait > 0:
                 await self._sleep(wait)
         await self._stamped(data, header, None)
+
+    async def send_written(
+        self,
+        packets: list[bytearray],
+        writer: RtpWriter,
+        video: bool,
+        on_sent: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """One frame's ``packets`` from our own packetiser (:mod:`.rtp_writer`): as
+        :meth:`send` does, with the header's layout known, so nothing is parsed and the
+        send time and transport-wide sequence number are written in place.
+        ``on_sent(payload_size, rtp_timestamp)`` is told of each packet once it is sent."""
+        header_size = writer.header_size
+        timestamp = _TIMESTAMP.unpack_from(packets[0], 4)[0] if packets else 0
+        clock, sent, send_now = self._clock, self.sent, self._send_now
+        abs_at, tcc_at = writer.abs_send_time_at, writer.transport_cc_at
+        if video and packets:
+            self._last_video_timestamp = timestamp
+            if timestamp not in self._handed:
+                self._handed[timestamp] = self._wall_clock()
+                while len(self._handed) > 64:
+                    self._handed.popitem(last=False)
+        for packet in packets:
+            now = clock()
+            size = len(packet) + WIRE_OVERHEAD
+            if video:
+                self.video_packets += 1
+                wait = self.pacer.wait_s(len(packet), now)
+                if wait > 0:
+                    await self._sleep(wait)
+                    now = clock()
+            if abs_at >= 0:
+                packet[abs_at : abs_at + 3] = abs_send_time(self._wall_clock())
+            if tcc_at >= 0:
+                _SEQUENCE.pack_into(packet, tcc_at, sent.next_sequence())
+                sent.sent(now, size, None)
+            if video:  # as sent, for a NACK
+                self.history.add(_SEQUENCE.unpack_from(packet, 2)[0], bytes(packet), now)
+            self.rate.add(now, size)
+            if send_now is not None and send_now(packet):
+                self.direct_packets += 1
+            else:
+                await self._send(bytes(packet))
+            if on_sent is not None:
+                on_sent(len(packet) - header_size, timestamp)
 
     async def _stamped(self, data: bytes, header: RtpHeader, cluster: int | None) -> None:
         streams, values = self.streams, {}
@@ -178,7 +232,7 @@ class MediaSender:
     async def probe(self, cluster: Cluster) -> bool:
         """Send ``cluster``'s packets at its rate; False if there was nothing to send
         them with (no RTX, or no video sent yet)."""
-        last, streams = self._last_video, self.streams
+        last, streams = self._last_video_timestamp, self.streams
         if not self.can_probe or last is None:
             return False
         assert streams.rtx_ssrc is not None
@@ -192,7 +246,7 @@ class MediaSender:
                 packet = padding_packet(
                     payload_type=streams.rtx_payload_type,
                     sequence=self._rtx_sequence,
-                    timestamp=last.timestamp,
+                    timestamp=last,
                     ssrc=streams.rtx_ssrc,
                     size=255 + 12,
                 )

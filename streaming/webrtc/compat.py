@@ -1,4 +1,4 @@
-"""Every use of aiortc and aioice internals, in one place.
+"""Every use of aiortc, aioice and pylibsrtp internals, in one place.
 
 aiortc has no public way to do a few things lipstream needs: give a sender our own H.264
 encoder (and read its bitrate back), give an audio receiver a buffer that does not hold
@@ -13,7 +13,7 @@ aiortc's or aioice's private state (``docs/architecture.md`` §6).
 :func:`missing_internals` builds a real peer connection and lists what the installed
 aiortc/aioice no longer has; ``tests/test_webrtc_compat.py`` fails naming each one, and
 the server logs them at start (:func:`report_missing_internals`). ``pyproject.toml``
-pins aiortc and aioice to the versions in :data:`TESTED_VERSIONS`: an upgrade is a
+pins aiortc, aioice and pylibsrtp to the versions in :data:`TESTED_VERSIONS`: an upgrade is a
 change to review here first. Why one module of about 400 lines: it is the one place
 that touches aiortc's and aioice's private state (a test holds every other module to
 that), so an upgrade is reviewed in one file.
@@ -53,6 +53,7 @@ a fingerprint mismatch or no common SRTP profile.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.metadata
@@ -63,6 +64,7 @@ from typing import Any
 
 import aioice
 import aioice.ice
+import pylibsrtp
 from aiortc import (
     RTCDtlsTransport,
     RTCPeerConnection,
@@ -70,14 +72,18 @@ from aiortc import (
     RTCRtpSender,
     RTCRtpTransceiver,
 )
+from aiortc import clock as aiortc_clock
 from aiortc import sdp as aiortc_sdp
 from aiortc.codecs.h264 import H264Encoder
 from OpenSSL import SSL
+from pylibsrtp import SRTP_MAX_TRAILER_LEN
+from pylibsrtp._binding import ffi as srtp_ffi
+from pylibsrtp._binding import lib as srtp_lib
 
 logger = logging.getLogger(__name__)
 
 #: The releases whose internals this module was written and tested against.
-TESTED_VERSIONS = {"aiortc": "1.16.0", "aioice": "0.13.0"}
+TESTED_VERSIONS = {"aiortc": "1.16.0", "aioice": "0.13.0", "pylibsrtp": "1.0.0"}
 
 _SENDER_ENCODER = "_RTCRtpSender__encoder"  # name-mangled ``RTCRtpSender.__encoder``
 _RECEIVER_CODECS = "_RTCRtpReceiver__codecs"  # name-mangled ``RTCRtpReceiver.__codecs``
@@ -93,6 +99,21 @@ _DTLS_SEND_RTP = "_send_rtp"  # every RTP and RTCP packet a transport sends, bef
 _DTLS_HANDLE_RTCP = "_handle_rtcp_data"  # every compound RTCP packet it receives
 _SENDER_SSRC = "_ssrc"
 _SENDER_RTX_SSRC = "_rtx_ssrc"
+# The sender's RTP loop, replaced by ours, and the state aiortc's other methods share with it.
+_SENDER_RUN_RTP = "_run_rtp"
+_SENDER_NEXT_FRAME = "_next_encoded_frame"
+_SENDER_TRACK = "_RTCRtpSender__track"
+_SENDER_RTP_STARTED = "_RTCRtpSender__rtp_started"
+_SENDER_RTP_EXITED = "_RTCRtpSender__rtp_exited"
+_SENDER_NTP = "_RTCRtpSender__ntp_timestamp"  # the last packet's, for the next SR
+_SENDER_RTP_TIMESTAMP = "_RTCRtpSender__rtp_timestamp"
+_SENDER_OCTETS = "_RTCRtpSender__octet_count"
+_SENDER_PACKETS = "_RTCRtpSender__packet_count"
+_DTLS_TX_SRTP = "_tx_srtp"  # the transport's outbound pylibsrtp.Session
+_DTLS_TX_BYTES = "_RTCDtlsTransport__tx_bytes"
+_DTLS_TX_PACKETS = "_RTCDtlsTransport__tx_packets"
+_SRTP_CONTEXT = "_srtp"  # pylibsrtp.Session's srtp_t
+_ICE_NOMINATED = "_nominated"  # aioice.Connection's chosen pair per component
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,20 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCDtlsTransport", _DTLS_HANDLE_RTCP, "the caller's RTCP: the link first"),
     Internal("aiortc.RTCRtpSender", _SENDER_SSRC, "the video stream the link paces"),
     Internal("aiortc.RTCRtpSender", _SENDER_RTX_SSRC, "the stream retransmissions go on"),
+    Internal("aiortc.RTCRtpSender", _SENDER_RUN_RTP, "replaced: our packets, our send"),
+    Internal("aiortc.RTCRtpSender", _SENDER_NEXT_FRAME, "the track's next packet, packetised"),
+    Internal("aiortc.RTCRtpSender", _SENDER_TRACK, "stopped when our RTP loop ends"),
+    Internal("aiortc.RTCRtpSender", _SENDER_RTP_STARTED, "set: stop() waits for it"),
+    Internal("aiortc.RTCRtpSender", _SENDER_RTP_EXITED, "set: stop() waits for it"),
+    Internal("aiortc.RTCRtpSender", _SENDER_NTP, "what aiortc's sender reports say"),
+    Internal("aiortc.RTCRtpSender", _SENDER_RTP_TIMESTAMP, "what aiortc's sender reports say"),
+    Internal("aiortc.RTCRtpSender", _SENDER_OCTETS, "sender reports and getStats"),
+    Internal("aiortc.RTCRtpSender", _SENDER_PACKETS, "sender reports and getStats"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_TX_SRTP, "protect our packets in our buffer"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_TX_BYTES, "transport stats count our packets"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_TX_PACKETS, "transport stats count our packets"),
+    Internal("pylibsrtp.Session", _SRTP_CONTEXT, "srtp_protect on our own buffer"),
+    Internal("aioice.Connection", _ICE_NOMINATED, "the UDP socket our packets leave by"),
     # LipstreamH264Encoder subclasses aiortc's encoder: it overrides the per-frame encode,
     # calls the packetizer and keeps the codec and the packetizer's buffers in step.
     Internal("aiortc.codecs.h264.H264Encoder", "_encode_frame", "our codec per frame"),
@@ -153,13 +188,25 @@ async def missing_internals() -> list[Internal]:
             "aiortc.RTCRtpReceiver": transceiver.receiver,
             "aiortc.RTCIceTransport": ice_transport,
             "aiortc.RTCDtlsTransport": transceiver.receiver.transport,
-            "aioice.Connection": aioice.Connection,
+            "aioice.Connection": _require(ice_transport, _ICE_CONNECTION),
+            "pylibsrtp.Session": _srtp_session(),
             "aioice.ice": aioice.ice,
             "aiortc.codecs.h264.H264Encoder": H264Encoder(),
         }
         return [i for i in INTERNALS if not hasattr(objects[i.owner], i.name)]
     finally:
         await pc.close()
+
+
+def _srtp_session() -> pylibsrtp.Session:
+    """An outbound SRTP session with a throwaway key, as aiortc's transports make them."""
+    key = bytes(pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80 for _ in range(30))
+    policy = pylibsrtp.Policy(
+        key=key,
+        ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND,
+        srtp_profile=pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80,
+    )
+    return pylibsrtp.Session(policy=policy)
 
 
 async def report_missing_internals() -> None:
@@ -282,6 +329,113 @@ def route_transport(
 
     _replace(transport, _DTLS_SEND_RTP, send)
     _replace(transport, _DTLS_HANDLE_RTCP, handle_rtcp)
+
+
+# -- lipstream's own RTP send (docs/architecture.md §20) --------------------------------
+
+
+class SenderLoop:
+    """What an RTP loop run in place of aiortc's (:func:`run_rtp_with`) shares with the
+    rest of aiortc's sender: the track's next packet, the events ``stop()`` waits for,
+    and the counts its sender reports and ``getStats`` read.
+
+    Raises ``RuntimeError`` naming the attribute if this aiortc keeps one elsewhere.
+    """
+
+    def __init__(self, sender: RTCRtpSender) -> None:
+        self._sender = sender
+        self._timestamp: int | None = None  # of the last packet sent
+        self._next_frame: Callable[[RTCRtpCodecParameters], Awaitable[Any]] = _require(
+            sender, _SENDER_NEXT_FRAME
+        )
+        for name in (_SENDER_TRACK, _SENDER_RTP_STARTED, _SENDER_RTP_EXITED, _SENDER_OCTETS):
+            _require(sender, name)
+        for name in (_SENDER_NTP, _SENDER_RTP_TIMESTAMP, _SENDER_PACKETS):
+            _require(sender, name)
+
+    def started(self) -> None:
+        getattr(self._sender, _SENDER_RTP_STARTED).set()
+
+    async def next_frame(self, codec: RTCRtpCodecParameters) -> tuple[list[bytes], int] | None:
+        """The track's next frame as (payloads, RTP timestamp from 0); None: none to send."""
+        frame = await self._next_frame(codec)
+        return None if frame is None else (frame.payloads, frame.timestamp)
+
+    def packet_sent(self, octets: int, rtp_timestamp: int) -> None:
+        """A packet with ``octets`` of payload went out: counted in the next SR, whose
+        RTP/NTP pair is its frame's and the time that frame's first packet left (aiortc
+        reads the clock for every packet; the pair is the same to a packet's time)."""
+        sender = self._sender
+        if rtp_timestamp != self._timestamp:
+            self._timestamp = rtp_timestamp
+            setattr(sender, _SENDER_NTP, aiortc_clock.current_ntp_time())
+            setattr(sender, _SENDER_RTP_TIMESTAMP, rtp_timestamp)
+        setattr(sender, _SENDER_OCTETS, getattr(sender, _SENDER_OCTETS) + octets)
+        setattr(sender, _SENDER_PACKETS, getattr(sender, _SENDER_PACKETS) + 1)
+
+    def exited(self) -> None:
+        """The loop ended: stop the track, as aiortc's own loop does, and tell ``stop()``."""
+        sender = self._sender
+        track = getattr(sender, _SENDER_TRACK)
+        if track is not None:
+            track.stop()
+            setattr(sender, _SENDER_TRACK, None)
+        getattr(sender, _SENDER_RTP_EXITED).set()
+
+
+def run_rtp_with(
+    sender: RTCRtpSender, run: Callable[[RTCRtpCodecParameters], Awaitable[None]]
+) -> None:
+    """Make ``sender`` run ``run(codec)`` as its RTP loop instead of aiortc's. Call it
+    before media flows (aiortc starts the loop once the transport connects)."""
+    _replace(sender, _SENDER_RUN_RTP, run)
+
+
+class SrtpSocketSend:
+    """Sends one plaintext RTP packet on a DTLS transport's nominated UDP pair: copied
+    into a buffer of its own, protected there by the transport's SRTP session, and
+    handed to the socket's datagram transport; aiortc's own send makes a packet object
+    for each of those steps (``docs/architecture.md`` §20). Returns False where it
+    cannot (a TURN relay or TCP pair, a packet too long): send it aiortc's way then.
+    Raises ``ConnectionError`` once the transport is not connected, as aiortc does.
+    """
+
+    def __init__(self, transport: RTCDtlsTransport) -> None:
+        self._transport = transport
+        self._connection = _require(transport.transport, _ICE_CONNECTION)
+        _require(transport, _DTLS_TX_SRTP)
+        self._buffer = bytearray(2048)
+        self._room = len(self._buffer) - SRTP_MAX_TRAILER_LEN
+        self._pointer = srtp_ffi.from_buffer("unsigned char[]", self._buffer)
+        self._length = srtp_ffi.new("int *")
+        self._view = memoryview(self._buffer)
+        self.packets = 0  # sent this way
+
+    def __call__(self, packet: bytearray) -> bool:
+        transport = self._transport
+        if transport.state != "connected":
+            raise ConnectionError("Cannot send encrypted RTP, not connected")
+        pair = getattr(self._connection, _ICE_NOMINATED).get(1)
+        datagrams = getattr(getattr(pair, "protocol", None), "transport", None)
+        size = len(packet)
+        # asyncio's own UDP transport (aioice's TURN one is no asyncio transport at all,
+        # and hands the data on later: the buffer would be reused by then).
+        udp = isinstance(datagrams, asyncio.BaseTransport) and hasattr(datagrams, "sendto")
+        if not udp or size > self._room:
+            return False
+        session = getattr(transport, _DTLS_TX_SRTP)
+        self._buffer[:size] = packet
+        self._length[0] = size
+        context = getattr(session, _SRTP_CONTEXT)[0]
+        status = srtp_lib.srtp_protect(context, self._pointer, self._length)
+        if status != 0:
+            raise ConnectionError(f"SRTP protect failed (libsrtp status {status})")
+        protected = self._length[0]
+        datagrams.sendto(self._view[:protected], pair.remote_addr)
+        setattr(transport, _DTLS_TX_BYTES, getattr(transport, _DTLS_TX_BYTES) + protected)
+        setattr(transport, _DTLS_TX_PACKETS, getattr(transport, _DTLS_TX_PACKETS) + 1)
+        self.packets += 1
+        return True
 
 
 # -- DTLS -----------------------------------------------------------------------------

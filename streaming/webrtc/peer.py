@@ -210,9 +210,9 @@ class Peer:
         pc = self._pc
         # Send only what the offer has a section for (aiortc cannot answer an extra one).
         video_sender = pc.addTrack(self._video)
-        if self._audio is not None:
-            pc.addTrack(self._audio)
+        audio_sender = pc.addTrack(self._audio) if self._audio is not None else None
         video = next(t for t in pc.getTransceivers() if t.sender is video_sender)
+        audio = next((t for t in pc.getTransceivers() if t.sender is audio_sender), None)
         if offer.offers_h264:  # else aiortc negotiates VP8
             prefer_h264(video)
         pc.on("track", lambda track: self._receive(track, media.caller_audio))
@@ -252,7 +252,7 @@ class Peer:
                     offer=sdp,
                     answer=answer,
                     fps=media.fps,
-                    audio=self._audio is not None,
+                    audio=audio,
                     on_audio_loss=media.audio_loss,
                 )
                 self._tasks.spawn("link", self.link.run())  # ends with the call
