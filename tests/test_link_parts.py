@@ -308,3 +308,17 @@ def test_a_packet_is_resent_at_most_once_a_round_trip_and_within_budget() -> Non
     history.add(100, bytes(1000), 10.0)  # 1.5 s later the old ones are gone
     assert len(history) == 1
     assert math.isclose(history.resent, 10)
+
+
+def test_the_history_is_bounded_by_time_and_count_as_packets_come() -> None:
+    history = SendHistory()
+    for sequence in range(5000):  # all within KEEP_S: the count bounds it
+        history.add(sequence, bytes(10), sequence * 0.0001)
+    assert len(history) == 4096
+    assert history.latest(1) == [bytes(10)]
+    for step in range(40):  # 25 packets a second: time bounds it, oldest first
+        history.add(5000 + step, bytes([step]), 1.0 + step * 0.04)
+    assert len(history) == sum(1.0 + s * 0.04 >= 2.56 - 1.5 for s in range(40))  # the last 1.5 s
+    assert history.latest(1) == [bytes([39])]
+    history.add(5000 + 39, b"again", 2.6)  # a number that came round again: the new one
+    assert history.latest(1) == [b"again"]

@@ -23,6 +23,7 @@ class SendHistory:
 
     def __init__(self) -> None:
         self._packets: OrderedDict[int, tuple[float, bytes]] = OrderedDict()
+        self._oldest_at = float("-inf")  # when the oldest kept was sent (a lower bound)
         self._resent_at: dict[int, float] = {}
         self._resends: deque[tuple[float, int]] = deque()
         self._resent_bytes = 0
@@ -31,11 +32,15 @@ class SendHistory:
 
     def add(self, sequence: int, data: bytes, now: float) -> None:
         packets = self._packets
+        if sequence in packets:  # its number came round again (65,536 packets on)
+            del packets[sequence]
         packets[sequence] = (now, data)
-        packets.move_to_end(sequence)
+        if self._oldest_at >= now - KEEP_S and len(packets) <= MAX_PACKETS:
+            return  # nothing to let go yet: the common case, no look at the oldest
         while packets:
             oldest, (sent_at, _) = next(iter(packets.items()))
             if len(packets) <= MAX_PACKETS and sent_at >= now - KEEP_S:
+                self._oldest_at = sent_at
                 break
             del packets[oldest]
             self._resent_at.pop(oldest, None)

@@ -75,6 +75,7 @@ from aiortc import (
 from aiortc import clock as aiortc_clock
 from aiortc import sdp as aiortc_sdp
 from aiortc.codecs.h264 import H264Encoder
+from aiortc.rtcdtlstransport import State as DtlsState
 from OpenSSL import SSL
 from pylibsrtp import SRTP_MAX_TRAILER_LEN
 from pylibsrtp._binding import ffi as srtp_ffi
@@ -109,6 +110,7 @@ _SENDER_NTP = "_RTCRtpSender__ntp_timestamp"  # the last packet's, for the next 
 _SENDER_RTP_TIMESTAMP = "_RTCRtpSender__rtp_timestamp"
 _SENDER_OCTETS = "_RTCRtpSender__octet_count"
 _SENDER_PACKETS = "_RTCRtpSender__packet_count"
+_DTLS_STATE = "_state"  # behind the ``state`` property, which formats an enum per call
 _DTLS_TX_SRTP = "_tx_srtp"  # the transport's outbound pylibsrtp.Session
 _DTLS_TX_BYTES = "_RTCDtlsTransport__tx_bytes"
 _DTLS_TX_PACKETS = "_RTCDtlsTransport__tx_packets"
@@ -152,6 +154,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCRtpSender", _SENDER_RTP_TIMESTAMP, "what aiortc's sender reports say"),
     Internal("aiortc.RTCRtpSender", _SENDER_OCTETS, "sender reports and getStats"),
     Internal("aiortc.RTCRtpSender", _SENDER_PACKETS, "sender reports and getStats"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_STATE, "connected? per packet, no enum str"),
     Internal("aiortc.RTCDtlsTransport", _DTLS_TX_SRTP, "protect our packets in our buffer"),
     Internal("aiortc.RTCDtlsTransport", _DTLS_TX_BYTES, "transport stats count our packets"),
     Internal("aiortc.RTCDtlsTransport", _DTLS_TX_PACKETS, "transport stats count our packets"),
@@ -402,8 +405,14 @@ class SrtpSocketSend:
 
     def __init__(self, transport: RTCDtlsTransport) -> None:
         self._transport = transport
-        self._connection = _require(transport.transport, _ICE_CONNECTION)
+        # aioice's dict of nominated pairs: filled once ICE completes, cleared on close.
+        self._nominated: dict[int, Any] = _require(
+            _require(transport.transport, _ICE_CONNECTION), _ICE_NOMINATED
+        )
         _require(transport, _DTLS_TX_SRTP)
+        _require(transport, _DTLS_STATE)
+        self._session: Any = None  # the SRTP session the context was read from
+        self._context: Any = None  # its srtp_t
         self._buffer = bytearray(2048)
         self._room = len(self._buffer) - SRTP_MAX_TRAILER_LEN
         self._pointer = srtp_ffi.from_buffer("unsigned char[]", self._buffer)
@@ -413,10 +422,12 @@ class SrtpSocketSend:
 
     def __call__(self, packet: bytearray) -> bool:
         transport = self._transport
-        if transport.state != "connected":
+        if getattr(transport, _DTLS_STATE) is not DtlsState.CONNECTED:
             raise ConnectionError("Cannot send encrypted RTP, not connected")
-        pair = getattr(self._connection, _ICE_NOMINATED).get(1)
-        datagrams = getattr(getattr(pair, "protocol", None), "transport", None)
+        pair = self._nominated.get(1)
+        if pair is None:
+            return False
+        datagrams: Any = getattr(pair.protocol, "transport", None)
         size = len(packet)
         # asyncio's own UDP transport (aioice's TURN one is no asyncio transport at all,
         # and hands the data on later: the buffer would be reused by then).
@@ -424,10 +435,11 @@ class SrtpSocketSend:
         if not udp or size > self._room:
             return False
         session = getattr(transport, _DTLS_TX_SRTP)
+        if session is not self._session:  # set by the handshake: read its context once
+            self._session, self._context = session, getattr(session, _SRTP_CONTEXT)[0]
         self._buffer[:size] = packet
         self._length[0] = size
-        context = getattr(session, _SRTP_CONTEXT)[0]
-        status = srtp_lib.srtp_protect(context, self._pointer, self._length)
+        status = srtp_lib.srtp_protect(self._context, self._pointer, self._length)
         if status != 0:
             raise ConnectionError(f"SRTP protect failed (libsrtp status {status})")
         protected = self._length[0]
