@@ -394,6 +394,20 @@ def run_rtp_with(
     _replace(sender, _SENDER_RUN_RTP, run)
 
 
+def _udp_kind(datagrams: object) -> str | None:
+    """Which UDP transport ``datagrams`` is: asyncio's own copies what it cannot send at
+    once; uvloop's keeps a reference, so it is given a copy; aioice's TURN transport
+    (None) hands the data on later, when the buffer is reused: such packets go aiortc's
+    way."""
+    if isinstance(datagrams, asyncio.BaseTransport) and hasattr(datagrams, "sendto"):
+        return "asyncio"
+    kind = type(datagrams)
+    return "uvloop" if f"{kind.__module__}.{kind.__qualname__}" == _UVLOOP_UDP else None
+
+
+_UVLOOP_UDP = "uvloop.loop.UDPTransport"
+
+
 class SrtpSocketSend:
     """Sends one plaintext RTP packet on a DTLS transport's nominated UDP pair: copied
     into a buffer of its own, protected there by the transport's SRTP session, and
@@ -411,6 +425,8 @@ class SrtpSocketSend:
         )
         _require(transport, _DTLS_TX_SRTP)
         _require(transport, _DTLS_STATE)
+        self._datagrams: object = None  # the pair's UDP transport last seen
+        self._kind: str | None = None  # and which one it is (_udp_kind)
         self._session: Any = None  # the SRTP session the context was read from
         self._context: Any = None  # its srtp_t
         self._buffer = bytearray(2048)
@@ -428,11 +444,10 @@ class SrtpSocketSend:
         if pair is None:
             return False
         datagrams: Any = getattr(pair.protocol, "transport", None)
+        if datagrams is not self._datagrams:
+            self._datagrams, self._kind = datagrams, _udp_kind(datagrams)
         size = len(packet)
-        # asyncio's own UDP transport (aioice's TURN one is no asyncio transport at all,
-        # and hands the data on later: the buffer would be reused by then).
-        udp = isinstance(datagrams, asyncio.BaseTransport) and hasattr(datagrams, "sendto")
-        if not udp or size > self._room:
+        if self._kind is None or size > self._room:
             return False
         session = getattr(transport, _DTLS_TX_SRTP)
         if session is not self._session:  # set by the handshake: read its context once
@@ -443,7 +458,8 @@ class SrtpSocketSend:
         if status != 0:
             raise ConnectionError(f"SRTP protect failed (libsrtp status {status})")
         protected = self._length[0]
-        datagrams.sendto(self._view[:protected], pair.remote_addr)
+        view = self._view[:protected]
+        datagrams.sendto(view if self._kind == "asyncio" else bytes(view), pair.remote_addr)
         setattr(transport, _DTLS_TX_BYTES, getattr(transport, _DTLS_TX_BYTES) + protected)
         setattr(transport, _DTLS_TX_PACKETS, getattr(transport, _DTLS_TX_PACKETS) + 1)
         self.packets += 1
