@@ -15,6 +15,7 @@ values of 1–16 bytes), as aiortc does; two-byte elements otherwise.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 #: RFC 8285 extension profiles.
@@ -69,33 +70,39 @@ def parse_rtp(data: bytes) -> RtpHeader:
 
 def extension_elements(data: bytes, header: RtpHeader) -> dict[int, bytes]:
     """The header extension's elements by id (empty without an extension)."""
-    if header.payload_start == header.csrc_end:
-        return {}
-    profile = struct.unpack_from("!H", data, header.csrc_end)[0]
-    body = data[header.csrc_end + 4 : header.payload_start]
-    elements: dict[int, bytes] = {}
-    at = 0
+    return {
+        ident: bytes(data[start : start + length])
+        for ident, start, length in element_spans(data, header.csrc_end, header.payload_start)
+    }
+
+
+def element_spans(data: bytes | bytearray, at: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(id, where its value starts, its length) of each element of the header extension
+    in ``data[at:end]`` (its profile word first), one-byte or two-byte."""
+    if at >= end:
+        return
+    profile = struct.unpack_from("!H", data, at)[0]
+    at += 4
     if profile == ONE_BYTE_PROFILE:
-        while at < len(body):
-            byte = body[at]
+        while at < end:
+            byte = data[at]
             if byte == 0:  # padding between elements
                 at += 1
                 continue
             ident, length = byte >> 4, (byte & 0x0F) + 1
             if ident == 15:  # reserved: stop reading (RFC 8285 §4.2)
-                break
-            elements[ident] = body[at + 1 : at + 1 + length]
+                return
+            yield ident, at + 1, length
             at += 1 + length
     elif profile & 0xFFF0 == TWO_BYTE_PROFILE:
-        while at + 1 < len(body):
-            ident = body[at]
+        while at + 1 < end:
+            ident = data[at]
             if ident == 0:
                 at += 1
                 continue
-            length = body[at + 1]
-            elements[ident] = body[at + 2 : at + 2 + length]
+            length = data[at + 1]
+            yield ident, at + 2, length
             at += 2 + length
-    return elements
 
 
 def pack_extension(elements: dict[int, bytes]) -> bytes:
@@ -130,19 +137,9 @@ def with_extensions(data: bytes, header: RtpHeader, values: dict[int, bytes]) ->
 
 
 def _overwrite(out: bytearray, header: RtpHeader, values: dict[int, bytes]) -> None:
-    profile = struct.unpack_from("!H", out, header.csrc_end)[0]
-    at, end = header.csrc_end + 4, header.payload_start
-    while at < end:
-        if out[at] == 0:
-            at += 1
-            continue
-        if profile == ONE_BYTE_PROFILE:
-            ident, length, start = out[at] >> 4, (out[at] & 0x0F) + 1, at + 1
-        else:
-            ident, length, start = out[at], out[at + 1], at + 2
+    for ident, start, length in element_spans(out, header.csrc_end, header.payload_start):
         if ident in values:
             out[start : start + length] = values[ident]
-        at = start + length
 
 
 def abs_send_time(now_s: float) -> bytes:

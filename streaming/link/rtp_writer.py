@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from streaming.link.rtp_bytes import ONE_BYTE_PROFILE, pack_extension
+from streaming.link.rtp_bytes import element_spans, pack_extension
 
 _FIXED = struct.Struct("!BBHII")
 _SEQUENCE_AND_TIMESTAMP = struct.Struct("!BHI")
@@ -54,7 +54,8 @@ class RtpWriter:
         first = 0x80 | (0x10 if extension else 0)
         self._template = _FIXED.pack(first, layout.payload_type, 0, 0, layout.ssrc) + extension
         self._payload_type = layout.payload_type
-        offsets = _value_offsets(extension, base=_FIXED.size)
+        template = self._template
+        offsets = {i: at for i, at, _ in element_spans(template, _FIXED.size, len(template))}
         self.abs_send_time_at = offsets.get(layout.abs_send_time_id or -1, -1)
         self.transport_cc_at = offsets.get(layout.transport_cc_id or -1, -1)
 
@@ -75,23 +76,3 @@ class RtpWriter:
             packets.append(packet)
         self.sequence = sequence
         return packets
-
-
-def _value_offsets(extension: bytes, *, base: int) -> dict[int, int]:
-    """Where each element's value starts in a packet whose extension is at ``base``."""
-    if not extension:
-        return {}
-    profile = struct.unpack_from("!H", extension)[0]
-    offsets: dict[int, int] = {}
-    at = 4
-    while at < len(extension):
-        if extension[at] == 0:
-            at += 1
-            continue
-        if profile == ONE_BYTE_PROFILE:
-            ident, length, start = extension[at] >> 4, (extension[at] & 0x0F) + 1, at + 1
-        else:
-            ident, length, start = extension[at], extension[at + 1], at + 2
-        offsets[ident] = base + start
-        at = start + length
-    return offsets

@@ -123,11 +123,7 @@ class MediaSender:
         if header.ssrc == self.streams.video_ssrc:
             now = self._clock()
             self.history.add(header.sequence, data, now)
-            self._last_video_timestamp = header.timestamp
-            if header.timestamp not in self._handed:
-                self._handed[header.timestamp] = self._wall_clock()
-                while len(self._handed) > 64:
-                    self._handed.popitem(last=False)
+            self._handed_over(header.timestamp)
             self.video_packets += 1
             wait = self.pacer.wait_s(len(data), now)
             if wait > 0:
@@ -150,11 +146,7 @@ class MediaSender:
         clock, sent, send_now = self._clock, self.sent, self._send_now
         abs_at, tcc_at = writer.abs_send_time_at, writer.transport_cc_at
         if video and packets:
-            self._last_video_timestamp = timestamp
-            if timestamp not in self._handed:
-                self._handed[timestamp] = self._wall_clock()
-                while len(self._handed) > 64:
-                    self._handed.popitem(last=False)
+            self._handed_over(timestamp)
         for packet in packets:
             now = clock()
             size = len(packet) + WIRE_OVERHEAD
@@ -178,6 +170,14 @@ class MediaSender:
                 await self._send(bytes(packet))
             if on_sent is not None:
                 on_sent(len(packet) - header_size, timestamp)
+
+    def _handed_over(self, timestamp: int) -> None:
+        """A video frame stamped ``timestamp`` came from the encoder now (for its SR)."""
+        self._last_video_timestamp = timestamp
+        if timestamp not in self._handed:
+            self._handed[timestamp] = self._wall_clock()
+            while len(self._handed) > 64:
+                self._handed.popitem(last=False)
 
     async def _stamped(self, data: bytes, header: RtpHeader, cluster: int | None) -> None:
         streams, values = self.streams, {}

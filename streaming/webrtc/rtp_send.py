@@ -13,7 +13,7 @@ protected in one buffer and handed to the socket
 (:class:`~streaming.webrtc.compat.SrtpSocketSend`). Where that cannot go (a TURN relay)
 a packet takes aiortc's transport send. What aiortc's sender reports and ``getStats``
 read (packet and octet counts, the last RTP timestamp and its NTP time) is kept up to
-date per frame.
+date per packet.
 
 Everything else stays aiortc's: RTCP (sender reports, receiving the caller's), ICE,
 DTLS, and what the link does with NACK, PLI and the estimate.
