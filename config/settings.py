@@ -193,6 +193,10 @@ class ServerSettings(_Section):
     # Gather only 127.0.0.1 host candidates (aioice skips loopback addresses): for
     # loopback-only sandboxes and same-machine tests. Applied by ``web.serve.serve``.
     ice_loopback_only: bool = False
+    # The event loop the server runs on: uvloop (libuv; a listening call costs about a
+    # seventh less CPU, docs/benchmarks.md §17) or Python's own asyncio loop. uvloop is
+    # installed with lipstream on Linux and macOS; where it is missing, asyncio is used.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     # The address callers reach this machine at through a 1:1 NAT (same ports): every
     # host candidate of an answer gets a twin there (streaming.webrtc.public_address).
     # A cluster worker takes its own node's LIPSTREAM_SERVER__ICE_PUBLIC_ADDRESS.

@@ -4,6 +4,7 @@ SRTP session, are what a peer expects of them."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from tests.test_link_wire import extension_map
 from tests.webrtc_client import Caller
 from web.app import build_app
 from web.app_keys import SESSIONS
+from web.serve import event_loop_factory
 
 MID, ABS, TWCC = 4, 2, 3
 PAYLOADS = [b"\x7c\x85" + bytes(range(200)) * 5, b"\x7c\x05" + b"\x11" * 700, b"\x7c\x45" + b"\x22"]
@@ -216,3 +218,43 @@ async def test_a_calls_packets_are_what_a_peer_expects(client: TestClient[Any, A
         assert mid == mids[kind].encode()
         if kind == "video":  # abs-send-time (aiortc's id 3), as the link stamps it
             assert all(len(e.get(3, b"")) == 3 for e in elements)
+
+
+def test_a_call_on_uvloop_sends_its_packets_our_way(tmp_path: Path, loopback: None) -> None:
+    """The server's default event loop (server.event_loop): uvloop's UDP transport keeps
+    a reference to what it cannot send at once, so it is given copies; every packet
+    still goes the direct way and the caller decodes the call."""
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "video": {"preset": "ultrafast"},
+        }
+    )
+
+    async def call() -> tuple[str, int, int, int]:
+        server = TestServer(build_app(settings), host="127.0.0.1")
+        async with TestClient(server) as client:
+            caller = Caller(client)
+            await caller.connect(microphone=None)
+            try:
+                await caller.wait_for_frames(30)
+                link = _manager(client).get(caller.session_id).peer.link
+                assert link is not None
+                sent = link.sender.video_packets
+                return (
+                    type(asyncio.get_running_loop()).__module__,
+                    link.sender.direct_packets,
+                    sent,
+                    len(caller.received.video_times),
+                )
+            finally:
+                await caller.hang_up()
+
+    factory = event_loop_factory("uvloop")
+    assert factory is not None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        module, direct, video_packets, frames = runner.run(call())
+    assert module.startswith("uvloop")
+    assert frames >= 30
+    assert direct > video_packets >= frames  # the audio's packets went direct too
+    assert event_loop_factory("asyncio") is None

@@ -14,6 +14,7 @@ imports no process entry and no signal handling.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -89,13 +90,31 @@ def serve(settings: Settings) -> int:
     :data:`EXIT_FAILED`.
     """
     raise_open_file_limit()
+    factory = event_loop_factory(settings.server.event_loop)
     if settings.cluster.workers:
         front = ClusterFront(settings)
         front.connect()  # Ray, before the loop runs (web/cluster/front.py)
-        return asyncio.run(_serve_front(settings, front))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(_serve_front(settings, front))
     loopback = loopback_only_ice() if settings.server.ice_loopback_only else nullcontext()
-    with loopback:
-        return asyncio.run(_serve_one(settings))
+    with loopback, asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_serve_one(settings))
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the server's event loop (``server.event_loop``); None: asyncio's own.
+
+    uvloop where it is asked for and installed; else asyncio's, said once in the log."""
+    if name != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        logger.warning("server.event_loop is uvloop but uvloop is not installed: using asyncio")
+        return None
+    logger.info("event loop: uvloop %s", importlib.metadata.version("uvloop"))
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 async def _serve_one(settings: Settings) -> int:
