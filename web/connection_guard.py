@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -94,8 +94,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.in_request = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports have asyncio.Transport's methods without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         guard = self.guard
@@ -113,7 +113,7 @@ class _GuardedProtocol(asyncio.Protocol):
                     guard.open[self.address],
                     guard.refused,
                 )
-            transport.abort()
+            self.transport.abort()
             return
         self.active = True
         guard.open[self.address] += 1
