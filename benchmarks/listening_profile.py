@@ -29,7 +29,8 @@ reads:
 ``--ab BASE CANDIDATE`` runs this profile (this file, copied into each tree) in a
 worktree of each commit, alternating the order every round, and prints each tree's
 median per row (on a noisy 2-core VM, compare the ratio inside one run, not figures an
-hour apart). Not a test.
+hour apart). Each tree's server runs on the event loop that tree's ``lipstream serve``
+would (``--loop server``, the default; asyncio before ``server.event_loop``). Not a test.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from benchmarks.live_server import (
     wait_for_calls,
     write_speech,
 )
+from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 
 SIZE = (1280, 720)
@@ -293,20 +295,31 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
 
 
 def profile(
-    seconds: float = 20.0, speaking: bool = False, caller: str = "mic", loop: str = "asyncio"
+    seconds: float = 20.0, speaking: bool = False, caller: str = "mic", loop: str = "server"
 ) -> Result:
-    """One call's profile (see the module doc); ``loop="uvloop"`` runs the server on
-    uvloop's event loop (its callbacks are not asyncio handles: no callback rows)."""
-    factory = None
+    """One call's profile (see the module doc). ``loop``: ``"server"`` runs the server on
+    the event loop ``lipstream serve`` of this tree would (``server.event_loop``; asyncio
+    in trees from before that setting), or ``"asyncio"`` / ``"uvloop"`` (uvloop's callbacks
+    are not asyncio handles: no callback rows)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     if loop == "uvloop":
         import uvloop
 
         factory = uvloop.new_event_loop
+    elif loop == "server":
+        try:
+            from web.serve import event_loop_factory
+        except ImportError:  # a tree from before server.event_loop: asyncio's
+            pass
+        else:
+            factory = event_loop_factory(Settings().server.event_loop)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_demo_avatar(root / "avatars" / "demo", size=SIZE)
         with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(_profile(root, seconds, speaking, caller))
+            result = runner.run(_profile(root, seconds, speaking, caller))
+            result["event_loop"] = type(runner.get_loop()).__module__.split(".")[0]
+            return result
 
 
 def print_profile(result: Result, top: int = 14) -> None:
@@ -443,7 +456,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--ab", nargs=2, metavar=("BASE", "CANDIDATE"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--loop", choices=["server", "asyncio", "uvloop"], default="server")
     args = parser.parse_args()
     if args.ab:
         base, candidate = args.ab
