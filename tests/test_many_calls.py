@@ -100,6 +100,11 @@ async def test_twenty_calls_get_every_packet_in_order(
         "ice_loopback_only": "true",
         "max_sessions": CALLS,
         "max_connections_per_client": 4 * CALLS,
+        # Admission would keep room for each call to speak all the time (the worst case,
+        # docs/architecture.md §9); these calls only listen, and the subject is the send
+        # path with more calls than the machine holds in real time.
+        "inference_ms_per_frame_estimate": 0.1,
+        "cpu_ms_per_session_frame": 1.0,
     }
     async with lipstream_serve(tmp_path, server=server_settings) as server:
         client = lc.Client("", session=server.http)
@@ -139,12 +144,15 @@ async def test_twenty_calls_get_every_packet_in_order(
         ssrc = max(video.sequences, key=lambda s: len(video.sequences[s]))  # not RTX's
         # Every video frame but the one in flight at hang-up was closed by its marker.
         unclosed += len(set(video.opened[ssrc][:-1]) - video.marked[ssrc])
-        report.append((state["frames_sent"], state["frames_skipped"], len(video.marked[ssrc])))
+        # A ladder step with a lower frame rate leaves frames out: counted as sent by the
+        # track, written as nothing (docs/architecture.md §19).
+        written = state["frames_sent"] - state["frames_left_out"]
+        report.append((written, state["frames_skipped"], len(video.marked[ssrc])))
     assert backwards == 0, report
     assert missing <= dropped, (missing, dropped, report)
     assert unclosed <= missing, (unclosed, report)
-    for frames_sent, _skipped, frames_received in report:
+    for written, _skipped, frames_received in report:
         # What the server said it sent reached its caller (less what a full socket
         # buffer lost); the frames sent after the state was read only add to it.
-        assert frames_received >= frames_sent - dropped, report
-        assert frames_sent >= WINDOW_S, report  # a call that stalls for good fails here
+        assert frames_received >= written - dropped, report
+        assert written >= WINDOW_S, report  # a call that stalls for good fails here
