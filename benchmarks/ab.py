@@ -1,7 +1,7 @@
 """A/B: the same benchmarks on this tree and on an earlier commit, in alternating rounds.
 
     .venv/bin/python -m benchmarks.ab --baseline 64a6e49 [--candidate HEAD] --rounds 3 \\
-        --quick --only live_cpu delay voice_agent --calls 1 2
+        --quick --only live_cpu delay voice_agent conversation --calls 1 2
 
 Shared machines drift (another job starts, the VM is moved): figures taken an hour apart
 cannot be compared. So each round runs every benchmark on both trees back to back, the
@@ -61,6 +61,20 @@ def _voice_agent(result: dict[str, Any]) -> Metrics:
     }
 
 
+def _conversation(result: dict[str, Any]) -> Metrics:
+    """Sharing on (the default): server CPU per conversational call-second per scenario
+    (its inverse is calls per server core), and the listening and speaking calls' CPU per
+    frame; each the mean of the run's rounds."""
+    metrics: dict[str, list[float]] = defaultdict(list)
+    for r in result["conversational"]:
+        if r["shared_idle"]:
+            metrics[f"server CPU s per call-s, {r['scenario']}"].append(r["cpu_per_call_s"])
+    for r in result["duty"]:
+        if r["shared_idle"]:
+            metrics[f"server CPU ms per frame, {r['mode']} call"].append(r["cpu_ms_per_frame"])
+    return {k: statistics.mean(v) for k, v in metrics.items()}
+
+
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -71,6 +85,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Metrics]] = {
     "live_cpu": _live_cpu,
     "delay": _delay,
     "voice_agent": _voice_agent,
+    "conversation": _conversation,
 }
 
 _CHILD = """

@@ -57,6 +57,7 @@ from benchmarks.live_server import (
     cpu_seconds,
     live_server,
     pinned,
+    run_as_served,
     split_cpus,
     start_load,
     wait_for_calls,
@@ -306,7 +307,7 @@ def _pinned_round(
 ) -> Result:
     server_cpus, client_cpus = split_cpus()
     with pinned(server_cpus):
-        return asyncio.run(_round(root, avatars, calls, pattern, client_cpus=client_cpus, **kw))
+        return run_as_served(_round(root, avatars, calls, pattern, client_cpus=client_cpus, **kw))
 
 
 def _pooled(rounds: list[Result]) -> Result:
@@ -368,7 +369,7 @@ def _measure(root: Path, plan: Plan) -> Result:
         for shared in SHARING:
             settings: dict[str, object] = {"video": {"shared_idle": shared}}
             measured = voice_agent.measure(root / "voice", plan.utterances, settings)
-            voice[shared].append(asyncio.run(measured))
+            voice[shared].append(run_as_served(measured))
     return {
         "scenarios": list(scenarios),
         "conversational": conversational,

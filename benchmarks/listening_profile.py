@@ -62,11 +62,11 @@ from benchmarks.live_cpu import Patch, live_stages, stage_cpu
 from benchmarks.live_server import (
     cpu_seconds,
     live_server,
+    served_loop_factory,
     start_load,
     wait_for_calls,
     write_speech,
 )
-from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 
 SIZE = (1280, 720)
@@ -307,12 +307,7 @@ def profile(
 
         factory = uvloop.new_event_loop
     elif loop == "server":
-        try:
-            from web.serve import event_loop_factory
-        except ImportError:  # a tree from before server.event_loop: asyncio's
-            pass
-        else:
-            factory = event_loop_factory(Settings().server.event_loop)
+        factory = served_loop_factory()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_demo_avatar(root / "avatars" / "demo", size=SIZE)

@@ -1,7 +1,8 @@
 """A lipstream server in this process plus a load-client process, for the live benchmarks.
 
 The server runs on this process's event loop (so its sessions' stats and its CPU time can
-be read directly); the WebRTC clients run in a separate process
+be read directly), the kind of loop ``lipstream serve`` runs it on
+(:func:`run_as_served`); the WebRTC clients run in a separate process
 (``benchmarks.webrtc_load``) so their H.264 decoding does not share the server's loop.
 """
 
@@ -12,11 +13,11 @@ import json
 import os
 import sys
 import wave
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -28,6 +29,8 @@ from streaming.live.session import Session
 from streaming.webrtc.compat import loopback_only_ice
 from web.app import build_app
 from web.app_keys import SESSIONS
+
+T = TypeVar("T")
 
 SAMPLE = Path(__file__).resolve().parent.parent / "web" / "static" / "sample.wav"
 
@@ -62,6 +65,24 @@ class LiveRun:
     client: dict[str, Any] = field(default_factory=dict)
     delay_ms: float = 0.0
     lookahead_ms: float = 0.0
+
+
+def served_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop ``lipstream serve`` runs on in this tree
+    (``server.event_loop``: uvloop by default); None: asyncio's, as in trees from before
+    that setting (an A/B copies this file into them)."""
+    try:
+        from web.serve import event_loop_factory
+    except ImportError:
+        return None
+    return event_loop_factory(Settings().server.event_loop)
+
+
+def run_as_served(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on the event loop ``lipstream serve`` runs on, so that a benchmark
+    measures the server as deployed."""
+    with asyncio.Runner(loop_factory=served_loop_factory()) as runner:
+        return runner.run(main)
 
 
 @asynccontextmanager
