@@ -9,14 +9,7 @@ import numpy as np
 import pytest
 
 from streaming.audio_rates import AUDIO_CHUNK_S
-from streaming.webrtc.pacing import (
-    CATCH_UP_S,
-    SEND_GRID_S,
-    SessionClock,
-    Slot,
-    next_slot,
-    wait_for_slot,
-)
+from streaming.webrtc.pacing import CATCH_UP_S, SessionClock, Slot, next_slot, wait_for_slot
 from streaming.webrtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamped
 
 FPS = 25
@@ -200,21 +193,3 @@ async def test_the_audio_track_sends_each_chunk_at_its_slot_and_skips_like_video
     await track.recv()
     assert asked == [0, 1, 2, 12]
     assert track.chunks_skipped == 9
-
-
-# -- the process's grid -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("now", "delay_s"), [(10.003, 0.3), (10.017, 0.25), (7.0, 0.5)])
-def test_a_live_clock_puts_its_slots_on_the_process_grid(now: float, delay_s: float) -> None:
-    """Every call's slots fall on multiples of SEND_GRID_S, so their packets leave at the
-    same wake-ups; the start is put off by less than one step, never brought forward."""
-    time = ManualTime(now)
-    clock = SessionClock(delay_s, clock=time.clock, sleep=time.sleep, grid_s=SEND_GRID_S)
-    start = clock.started()
-    assert now <= start < now + SEND_GRID_S
-    for k in (0, 1, 7, 250):
-        for period in (FRAME_S, AUDIO_CHUNK_S):
-            steps = clock.due(k * period) / SEND_GRID_S
-            assert steps == pytest.approx(round(steps), abs=1e-6)
-    assert SessionClock(delay_s, clock=time.clock, sleep=time.sleep).started() == now

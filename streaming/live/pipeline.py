@@ -50,7 +50,7 @@ from streaming.live.snapshot import BufferedMedia
 from streaming.live.speech import Played, SpeechEvents
 from streaming.live.timeline import AudioTimeline, AvatarSwitch
 from streaming.live.workers import Offload
-from streaming.webrtc.pacing import SEND_GRID_S, SessionClock
+from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.peer import PeerMedia
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 
@@ -110,7 +110,7 @@ class LivePipeline:
         self.budget = delay_budget(
             settings, fps=self.fps, kind=package.manifest.adapter.audio_feature
         )
-        self.clock = SessionClock(self.budget.server_ms / 1000, grid_s=SEND_GRID_S)
+        self.clock = SessionClock(self.budget.server_ms / 1000)
         self.mixer = AudioMixer(
             max_pushed_s=settings.session.max_queued_audio_s,
             on_marks=speech.schedule,

@@ -15,13 +15,6 @@ from the first one it gets (the RTP timestamps start at a random origin), so the
 one sent must be slot 0 for its ``index`` and ``media_ms`` (``docs/apps.md``) to match
 the events'; a late first slot is sent late, and the slots after it skip as usual. Both
 the clock and the sleep are passed in, so tests step time by hand.
-
-A live session's clock starts on the process's grid (:data:`SEND_GRID_S`): its start is
-put off (by less than a step) until slot 0 is due on a multiple of 20 ms of the
-monotonic clock, so every call's audio slots, and its video slots, fall on the same
-instants, and the packets of all the calls due then leave at one wake-up of the loop. A
-datagram sent alone after a sleep costs several times one sent right after another
-(``benchmarks/cold_send.py``, ``docs/architecture.md`` §20).
 """
 
 from __future__ import annotations
@@ -40,8 +33,6 @@ Sleep = Callable[[float], Awaitable[None]]
 
 #: Lateness a track makes up by sending at once; beyond it, missed slots are skipped.
 CATCH_UP_S = 0.1
-#: The process-wide grid live sessions' slots fall on (one audio chunk).
-SEND_GRID_S = 0.02
 
 
 class SessionClock:
@@ -52,15 +43,9 @@ class SessionClock:
     """
 
     def __init__(
-        self,
-        delay_s: float,
-        *,
-        clock: Clock = time.monotonic,
-        sleep: Sleep = asyncio.sleep,
-        grid_s: float = 0.0,
+        self, delay_s: float, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
     ) -> None:
         self.delay_s = delay_s
-        self.grid_s = grid_s
         self.now = clock
         self.sleep = sleep
         self.start: float | None = None
@@ -69,11 +54,7 @@ class SessionClock:
     def started(self) -> float:
         """The start time, starting the clock if needed."""
         if self.start is None:
-            now = self.now()
-            if self.grid_s > 0:  # slot 0, and so every slot, on the process's grid
-                self.start = _on_grid(now + self.delay_s, self.grid_s) - self.delay_s
-            else:
-                self.start = now
+            self.start = self.now()
             self._started.set()
         return self.start
 
@@ -86,12 +67,6 @@ class SessionClock:
     def due(self, audio_time_s: float) -> float:
         """When media for ``audio_time_s`` on the session timeline is handed to aiortc."""
         return self.started() + self.delay_s + audio_time_s
-
-
-def _on_grid(t: float, grid_s: float) -> float:
-    """The first point of the grid (multiples of ``grid_s`` on the monotonic clock) at or
-    after ``t``; a float error of a nanosecond does not move it a whole step."""
-    return math.ceil(t / grid_s - 1e-9) * grid_s
 
 
 @dataclass(frozen=True, slots=True)
