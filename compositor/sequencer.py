@@ -83,6 +83,12 @@ class FrameSequencer:
         """The output index the next :meth:`step` will return."""
         return self._n
 
+    @property
+    def resting(self) -> bool:
+        """Idle with nothing carried over: no hangover left and alpha 0, so the next
+        silent frames step exactly as they would after any other silence."""
+        return self._hangover_left == 0 and self._level == 0
+
     def step(self, level_db: float) -> FrameStep:
         """Advance one output frame given the audio level (dBFS) for that frame."""
         return self._advance(level_db >= self.threshold_db)  # NaN counts as silence

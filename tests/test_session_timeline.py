@@ -21,7 +21,13 @@ from streaming.audio_in.resample import MonoResampler
 from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.send_buffers import SendBuffers
-from streaming.live.timeline import MAX_CHUNKS_PER_JOB, AudioTimeline, DecidedFrame, chunk_due
+from streaming.live.timeline import (
+    MAX_CHUNKS_PER_JOB,
+    MAX_SILENT_DEFERRED,
+    AudioTimeline,
+    DecidedFrame,
+    chunk_due,
+)
 from streaming.webrtc.tracks import SILENCE
 from tests.test_audio_features import CountingEncoder, linear_encoder
 
@@ -108,13 +114,21 @@ class Rig:
     decided: list[DecidedFrame[int]] = field(default_factory=list)
 
     async def run_to(self, chunks: int) -> None:
-        """Let the timeline make chunks 0 .. ``chunks`` - 1, each at its due time."""
+        """Let the timeline make chunks .. ``chunks`` - 1 (late ones caught up at once)."""
         await self.time.advance_to(chunk_due(START, chunks - 1))
+        assert self.timeline.chunks_made == chunks
+
+    async def tick_to(self, chunks: int) -> None:
+        """Let the timeline make chunks .. ``chunks`` - 1, each at its own due time."""
+        for index in range(self.timeline.chunks_made, chunks):
+            await self.time.advance_to(chunk_due(START, index))
         assert self.timeline.chunks_made == chunks
 
 
 @contextlib.asynccontextmanager
-async def running(features: AudioFeatureStream, hangover: int = 0) -> AsyncIterator[Rig]:
+async def running(
+    features: AudioFeatureStream, hangover: int = 0, *, defer: bool = False
+) -> AsyncIterator[Rig]:
     """A timeline over ``features`` on a hand-stepped clock, its jobs consumed as the live
     pipeline does."""
     time = ManualTime(START)
@@ -139,6 +153,7 @@ async def running(features: AudioFeatureStream, hangover: int = 0) -> AsyncItera
         lookahead_ms=features.lookahead_ms,
         vad_threshold_db=THRESHOLD_DB,
         prepare=start,
+        defer_silence=lambda: defer,
         clock=time.clock,
         sleep=time.sleep,
     )
@@ -214,6 +229,7 @@ async def test_a_late_tick_catches_up_without_building_delay(rig: Rig) -> None:
 
 
 async def test_a_long_stall_is_caught_up_in_jobs_of_at_most_25_chunks(rig: Rig) -> None:
+    rig.mixer.push(_tone(2.0))
     await rig.run_to(1)
     jobs = rig.executor.jobs
     await rig.time.advance_to(chunk_due(START, 60))  # 1.2 s behind
@@ -304,3 +320,80 @@ async def test_a_listening_call_runs_no_audio_encoder_and_speech_gets_its_featur
         else:
             assert frame.item.features is NO_FEATURES
     assert counting.windows <= len(inferred) + 16 + 2
+
+
+def _same_frames(got: list[DecidedFrame[int]], want: list[DecidedFrame[int]]) -> None:
+    assert [(f.item.index, f.step, f.voiced, f.started) for f in got] == [
+        (f.item.index, f.step, f.voiced, f.started) for f in want
+    ]
+    for a, b in zip(got, want, strict=True):
+        assert a.item.level_db == b.item.level_db
+        if b.item.features is NO_FEATURES:
+            assert a.item.features is NO_FEATURES
+        else:
+            np.testing.assert_array_equal(a.item.features, b.item.features)
+
+
+async def test_a_listening_call_puts_off_its_silent_chunks_and_speech_finds_them_made(
+    tmp_path: Path,
+) -> None:
+    """A timeline that puts off its silent chunks (module doc) makes the same packets
+    and decides the same frames, with the same features, as one that makes every chunk in
+    its own job; it runs a job per ``MAX_SILENT_DEFERRED + 1`` chunks while silent, and
+    the first chunk of sound runs one at once, so speech is decided no later."""
+    path = linear_encoder(tmp_path / "encoder.onnx")
+
+    def stream() -> AudioFeatureStream:
+        return AudioFeatureStream(AudioEncoder.from_path(path), fps=FPS)
+
+    async with (
+        running(stream(), hangover=4, defer=True) as lazy,
+        running(stream(), hangover=4) as eager,
+    ):
+        rigs = (lazy, eager)
+
+        async def tick_to(chunks: int) -> None:
+            for rig in rigs:
+                await rig.tick_to(chunks)
+
+        await tick_to(20)  # the first chunks: the lookahead and the gate are not settled
+        assert lazy.executor.jobs == eager.executor.jobs
+        await tick_to(300)  # 6 s of a listening call
+        assert eager.executor.jobs == 300
+        # After at most a second's settling, one job per MAX_SILENT_DEFERRED + 1 chunks.
+        assert lazy.executor.jobs <= 70 + 230 / (MAX_SILENT_DEFERRED + 1) + 1
+        # Frames it has not decided yet are at most the put-off chunks' worth.
+        behind = eager.decided[-1].item.index - lazy.decided[-1].item.index
+        assert 0 <= behind <= MAX_SILENT_DEFERRED * AUDIO_CHUNK_S * FPS + 1
+        for rig in rigs:
+            rig.mixer.push(_tone(1.0))
+        jobs = lazy.executor.jobs
+        await tick_to(301)  # the first chunk of sound: its job makes the silence first
+        assert lazy.executor.jobs == jobs + 1
+        assert lazy.decided[-1].item.index == eager.decided[-1].item.index
+        _same_frames(lazy.decided, eager.decided)
+        await tick_to(500)  # the tone, and 3 s of silence after it
+        for index in range(500):
+            a, b = lazy.buffers.take_chunk(index), eager.buffers.take_chunk(index)
+            assert (bytes(a), a.pts) == (bytes(b), b.pts)
+        assert lazy.executor.jobs < eager.executor.jobs - 100  # silent again, put off again
+        for rig in rigs:  # a last sound: every frame before it is decided in both
+            rig.mixer.push(_tone(0.1))
+        await tick_to(501)
+    _same_frames(lazy.decided, eager.decided)
+    assert 25 <= len(lazy.inferred) <= 40
+
+
+async def test_an_interrupt_or_a_call_without_a_shared_loop_puts_nothing_off(
+    tmp_path: Path,
+) -> None:
+    async with running(AudioFeatureStream(None, kind="mel", fps=FPS), defer=True) as rig:
+        await rig.tick_to(100)
+        assert rig.executor.jobs < 80  # settled and putting silence off
+        jobs = rig.executor.jobs
+        rig.timeline.interrupt()  # the next job resets the gate: it runs at the next tick
+        await rig.tick_to(101)
+        assert rig.executor.jobs == jobs + 1
+    async with running(AudioFeatureStream(None, kind="mel", fps=FPS)) as rig:
+        await rig.tick_to(100)
+        assert rig.executor.jobs == 100

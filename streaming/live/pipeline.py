@@ -140,6 +140,7 @@ class LivePipeline:
             self.budget,
             shared.executor,
             self.renderer.start,
+            defer_silence=lambda: self.renderer.sharing is not None,
         )
         self._speech = speech
         self._on_voice = on_voice
@@ -346,9 +347,11 @@ def _timeline(
     budget: DelayBudget,
     executor: Offload,
     prepare: Callable[[FrameStep, FrameAudio], Started | None],
+    *,
+    defer_silence: Callable[[], bool],
 ) -> AudioTimeline[Started]:
     """A call's timeline: the avatar's features and speech gate, ``prepare`` (the
-    renderer's crop) run in its jobs."""
+    renderer's crop) run in its jobs; silent chunks wait while ``defer_silence()``."""
     fps = package.manifest.fps
     return AudioTimeline(
         mixer,
@@ -370,4 +373,5 @@ def _timeline(
         lookahead_ms=budget.lookahead_ms,
         vad_threshold_db=audio.vad_threshold_db,
         prepare=prepare,
+        defer_silence=defer_silence,
     )

@@ -21,6 +21,19 @@ than a tick would leave it further behind at every tick, for good: frames reache
 inference seconds after their deadlines and none was lip-synced again (measured with 4
 live 720p calls on the 2-core development VM, ``docs/benchmarks.md`` §8).
 
+A caller who listens sends digital silence, and its chunks change nothing a job would
+make differently later: once the timeline has been silent for longer than its lookahead
+and the speech gate's hangover, with the codec settled and the gate at rest, a chunk of
+zeros gets its packet (:data:`SILENCE`, stamped) on the loop and its features are put
+off, up to :data:`MAX_SILENT_DEFERRED` chunks; the next job makes them first, in order,
+exactly as it would have one by one, before anything else: the first chunk of sound, a
+switch, an interrupt or a full batch runs it at once. The frames those chunks complete are
+idle and reach the renderer up to that many chunks later, so this applies only while
+the call's idle frames come from a shared loop, whose packet is the same whenever it is
+taken (``defer_silence``). A listening call then hands the workers one job per
+:data:`MAX_SILENT_DEFERRED` chunks instead of one per chunk (``docs/architecture.md``
+§20).
+
 An interrupt silences what the caller has not heard yet: the queued audio, the
 packets being made (the encoder is replaced: the old one holds speech in its look-ahead)
 and the frames whose features may hold that audio.
@@ -29,6 +42,7 @@ and the frames whose features may hold that audio.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,7 +57,7 @@ from compositor.sequencer import FrameSequencer, FrameStep
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import SILENCE_DB, AudioFeatureStream, FrameAudio
 from streaming.audio_in.resample import MonoResampler
-from streaming.audio_rates import AUDIO_CHUNK_S, FEATURE_RATE, OUT_RATE
+from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, FEATURE_RATE, OUT_RATE
 from streaming.live.mixer import AudioMixer
 from streaming.live.workers import Offload
 from streaming.webrtc.tracks import SILENCE, OpusChunkEncoder, fec_percent, stamped
@@ -77,6 +91,9 @@ class Made(Generic[T]):
 
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
 MAX_CHUNKS_PER_JOB = 25
+#: The most chunks of digital silence whose features wait for the next job (200 ms):
+#: what that job makes first when speech starts (about 0.3 ms on the development VM).
+MAX_SILENT_DEFERRED = 10
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,7 @@ class AudioTimeline(Generic[T]):
         lookahead_ms: float,
         vad_threshold_db: float,
         prepare: Callable[[FrameStep, FrameAudio], T | None],
+        defer_silence: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -163,6 +181,16 @@ class AudioTimeline(Generic[T]):
         self._gate = _SpeechGate(sequencer)
         self._switch: AvatarSwitch | None = None  # to apply between two frames
         self._switch_lock = threading.Lock()
+        self._defer_silence = defer_silence
+        # Silent chunks (module doc): how many the jobs made in a row, how many such a
+        # run needs before chunks are put off (every frame still to come is silent and
+        # the gate has stepped past its hangover and fade), and how many wait now.
+        self._silent_run = 0
+        frame_ms = 1000 / fps
+        frames_after = sequencer.hangover_frames + sequencer.blend_frames
+        settle_ms = lookahead_ms + (frames_after + 2) * frame_ms
+        self._settle_chunks = math.ceil(settle_ms / (AUDIO_CHUNK_S * 1000)) + 1
+        self._deferred = 0
 
     @property
     def next_frame(self) -> int:
@@ -191,40 +219,72 @@ class AudioTimeline(Generic[T]):
             interrupts = self._interrupts
             if self._opus.fec_percent != self._fec_percent:
                 self._opus = OpusChunkEncoder(fec_percent=self._fec_percent)
-            made = await self._executor.run(self._process_chunks, self._opus, chunks, first)
-            for _, frames in made:
-                if frames:
-                    self._decided = frames[-1].item.index
+            if self._may_defer(chunks):
+                self._deferred += due
+                packets = [self._opus.encode(chunk, i) for i, chunk in enumerate(chunks, first)]
+                yield Made(first, packets, [], self._decided)
+                continue
+            deferred, self._deferred = self._deferred, 0
+            packets, frames = await self._executor.run(
+                self._process_chunks, self._opus, chunks, first, deferred
+            )
+            if frames:
+                self._decided = frames[-1].item.index
             # An interrupt while the chunks were being made silences them, and drops
             # the frames they started (their features may hold the dropped audio).
             if interrupts != self._interrupts:
                 silence = [stamped(SILENCE, index) for index in range(first, first + due)]
                 yield Made(first, silence, [], self._decided)
             else:
-                frames = [frame for _, chunk_frames in made for frame in chunk_frames]
-                yield Made(first, [packet for packet, _ in made], frames, self._decided)
+                yield Made(first, packets, frames, self._decided)
+
+    def _may_defer(self, chunks: list[np.ndarray]) -> bool:
+        """Whether ``chunks`` may wait for a later job (module doc); read on the loop
+        between jobs, so no job is changing what it reads."""
+        return (
+            self._silent_run >= self._settle_chunks
+            and self._deferred + len(chunks) <= MAX_SILENT_DEFERRED
+            and self._opus.settled
+            and self._sequencer.resting
+            and not self._reset_gate
+            and self._switch is None
+            and self._defer_silence()
+            and not any(chunk.any() for chunk in chunks)
+        )
 
     def _process_chunks(
-        self, opus: OpusChunkEncoder, chunks: list[np.ndarray], first: int
-    ) -> list[tuple[av.Packet[Any], list[DecidedFrame[T]]]]:
-        """Off the loop: each chunk's Opus packet, and the frames its features complete
-        (16 kHz) through the speech gate, each frame to infer started."""
+        self, opus: OpusChunkEncoder, chunks: list[np.ndarray], first: int, deferred: int
+    ) -> tuple[list[av.Packet[Any]], list[DecidedFrame[T]]]:
+        """Off the loop: the features of the ``deferred`` silent chunks before ``first``
+        (their packets went out already), then each chunk's Opus packet, and the frames
+        the features complete (16 kHz) through the speech gate, each frame to infer
+        started."""
+        frames = []
+        if deferred:
+            zeros = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+            for _ in range(deferred):
+                frames += self._decide(zeros)
         if self._reset_gate:
             self._reset_gate = False
             self._sequencer.reset()
         self._apply_switch()
-        made = []
-        gate = self._gate
+        packets = []
         for index, chunk in enumerate(chunks, first):
-            packet = opus.encode(chunk, index)
-            items = self._features.push(self._to_features.push(chunk), gate)
-            decided, gate.decided = gate.decided, []
-            frames = []
-            for item, (step, level) in zip(items, decided, strict=True):
-                started = self._prepare(step, item) if step.infer else None
-                frames.append(DecidedFrame(item, step, level >= self._vad_threshold_db, started))
-            made.append((packet, frames))
-        return made
+            packets.append(opus.encode(chunk, index))
+            frames += self._decide(chunk)
+        return packets, frames
+
+    def _decide(self, chunk: np.ndarray) -> list[DecidedFrame[T]]:
+        """The frames ``chunk``'s features complete, through the speech gate."""
+        gate = self._gate
+        items = self._features.push(self._to_features.push(chunk), gate)
+        self._silent_run = 0 if chunk.any() else self._silent_run + 1
+        decided, gate.decided = gate.decided, []
+        frames = []
+        for item, (step, level) in zip(items, decided, strict=True):
+            started = self._prepare(step, item) if step.infer else None
+            frames.append(DecidedFrame(item, step, level >= self._vad_threshold_db, started))
+        return frames
 
     def switch(self, switch: AvatarSwitch) -> None:
         """Show another avatar from the next frame the speech gate decides: the next job

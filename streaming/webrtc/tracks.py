@@ -199,6 +199,12 @@ class OpusChunkEncoder:
         self.chunks_encoded = 0
         self._settled = True  # the codec makes SILENCE of zeros: they need no encoding
 
+    @property
+    def settled(self) -> bool:
+        """The codec has nothing left to send: a chunk of zeros now is :data:`SILENCE`,
+        stamped for its place, with no encoder run."""
+        return self._settled
+
     def encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
         """The Opus packet for chunk ``index`` (``CHUNK_SAMPLES`` float32 samples)."""
         if chunk.shape != (CHUNK_SAMPLES,):
