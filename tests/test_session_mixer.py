@@ -97,3 +97,23 @@ def test_a_caller_whose_clock_runs_fast_does_not_build_delay() -> None:
         highest = max(highest, mixer.inbound_ms)
     assert highest <= KEEP_MS + 20, highest  # at most a window's growth past the keep
     assert mixer.underruns == 0
+
+
+def test_sound_is_announced_and_pushed_audio_can_wait_for_its_chunk() -> None:
+    """``on_sound`` hears the caller's audio that is not zeros and every push (a timeline
+    sleeping through silence wakes on it); chunks before ``hold_pushed`` take no pushed
+    audio, the caller's as ever."""
+    mixer = AudioMixer()
+    heard: list[int] = []
+    mixer.on_sound = lambda: heard.append(1)
+    mixer.feed_inbound(np.zeros(CHUNK_SAMPLES, np.float32))
+    assert heard == []
+    mixer.feed_inbound(np.full(CHUNK_SAMPLES, 0.25, np.float32))
+    assert len(heard) == 1
+    mixer.hold_pushed(2)
+    mixer.push(np.full(CHUNK_SAMPLES, 0.5, np.float32))
+    assert len(heard) == 2
+    first, second, third = (mixer.next_chunk() for _ in range(3))
+    assert not first.any()  # the caller's zeros; the push waits
+    assert np.all(second == 0.25)  # the caller's sound; the push still waits
+    assert np.all(third == 0.5)  # chunk 2: the pushed audio

@@ -24,6 +24,7 @@ from streaming.live.send_buffers import SendBuffers
 from streaming.live.timeline import (
     MAX_CHUNKS_PER_JOB,
     MAX_SILENT_DEFERRED,
+    MAX_SILENT_NAP,
     AudioTimeline,
     DecidedFrame,
     chunk_due,
@@ -45,7 +46,9 @@ class ManualTime:
         self.sleeps: list[float] = []
         self._wake_at = 0.0
         self._wake: asyncio.Future[None] | None = None
+        self._sleeping: asyncio.Future[None] | None = None  # the wake of a plain sleep
         self._asleep = asyncio.Event()
+        self.naps = 0
 
     def clock(self) -> float:
         return self.now
@@ -53,9 +56,22 @@ class ManualTime:
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self._wake_at = self.now + seconds
-        self._wake = asyncio.get_running_loop().create_future()
+        self._wake = self._sleeping = asyncio.get_running_loop().create_future()
         self._asleep.set()
         await self._wake
+
+    async def nap(self, seconds: float, woken: asyncio.Future[None]) -> None:
+        """The timeline's nap: a sleep that ``woken`` may end first."""
+        self.sleeps.append(seconds)
+        self.naps += 1
+        self._wake_at = self.now + seconds
+        self._wake = woken
+        self._asleep.set()
+        await woken
+
+    @property
+    def napping(self) -> bool:
+        return self._wake is not None and self._wake is not self._sleeping
 
     async def until_asleep(self) -> None:
         """Return once the timeline waits for time to pass."""
@@ -70,8 +86,20 @@ class ManualTime:
             return
         wake, self._wake = self._wake, None
         self._asleep.clear()
-        wake.set_result(None)
+        if not wake.done():
+            wake.set_result(None)
         await self.until_asleep()
+
+    async def woken_by(self, event: Callable[[], object]) -> None:
+        """Run ``event`` (sound, a switch); if the timeline was napping, return once it
+        has woken, made what was due and gone back to sleep."""
+        napping = self.napping
+        if napping:
+            self._asleep.clear()
+            self._wake = None
+        event()
+        if napping:
+            await self.until_asleep()
 
 
 class InlineExecutor(Executor):
@@ -112,6 +140,7 @@ class Rig:
     inferred: list[FrameStep] = field(default_factory=list)
     voiced: list[float] = field(default_factory=list)
     decided: list[DecidedFrame[int]] = field(default_factory=list)
+    ticked: int = 0  # chunk due times tick_to has moved through
 
     async def run_to(self, chunks: int) -> None:
         """Let the timeline make chunks .. ``chunks`` - 1 (late ones caught up at once)."""
@@ -119,10 +148,13 @@ class Rig:
         assert self.timeline.chunks_made == chunks
 
     async def tick_to(self, chunks: int) -> None:
-        """Let the timeline make chunks .. ``chunks`` - 1, each at its own due time."""
-        for index in range(self.timeline.chunks_made, chunks):
+        """Move time to chunk ``chunks`` - 1's due time through every chunk's due time
+        since the last call; a napping timeline makes its chunks when its nap ends."""
+        for index in range(self.ticked, chunks):
             await self.time.advance_to(chunk_due(START, index))
-        assert self.timeline.chunks_made == chunks
+        self.ticked = max(self.ticked, chunks)
+        made = self.timeline.chunks_made
+        assert chunks - MAX_SILENT_NAP < made <= chunks
 
 
 @contextlib.asynccontextmanager
@@ -156,6 +188,7 @@ async def running(
         defer_silence=lambda: defer,
         clock=time.clock,
         sleep=time.sleep,
+        nap=time.nap,
     )
 
     async def consume() -> None:
@@ -365,23 +398,45 @@ async def test_a_listening_call_puts_off_its_silent_chunks_and_speech_finds_them
         # Frames it has not decided yet are at most the put-off chunks' worth.
         behind = eager.decided[-1].item.index - lazy.decided[-1].item.index
         assert 0 <= behind <= MAX_SILENT_DEFERRED * AUDIO_CHUNK_S * FPS + 1
-        for rig in rigs:
-            rig.mixer.push(_tone(1.0))
         jobs = lazy.executor.jobs
+        for rig in rigs:  # the sound wakes the napping timeline: it makes what is due
+            await rig.time.woken_by(lambda rig=rig: rig.mixer.push(_tone(1.0)))
+        assert not lazy.time.napping
         await tick_to(301)  # the first chunk of sound: its job makes the silence first
+        assert lazy.timeline.chunks_made == eager.timeline.chunks_made == 301
         assert lazy.executor.jobs == jobs + 1
         assert lazy.decided[-1].item.index == eager.decided[-1].item.index
         _same_frames(lazy.decided, eager.decided)
         await tick_to(500)  # the tone, and 3 s of silence after it
-        for index in range(500):
+        assert lazy.time.naps > 20
+        for index in range(lazy.timeline.chunks_made):
             a, b = lazy.buffers.take_chunk(index), eager.buffers.take_chunk(index)
             assert (bytes(a), a.pts) == (bytes(b), b.pts)
         assert lazy.executor.jobs < eager.executor.jobs - 100  # silent again, put off again
         for rig in rigs:  # a last sound: every frame before it is decided in both
-            rig.mixer.push(_tone(0.1))
+            await rig.time.woken_by(lambda rig=rig: rig.mixer.push(_tone(0.1)))
         await tick_to(501)
+        assert lazy.timeline.chunks_made == eager.timeline.chunks_made == 501
     _same_frames(lazy.decided, eager.decided)
     assert 25 <= len(lazy.inferred) <= 40
+
+
+async def test_sound_wakes_a_napping_timeline_and_is_made_at_its_own_due_time() -> None:
+    async with running(AudioFeatureStream(None, kind="mel", fps=FPS), defer=True) as rig:
+        await rig.tick_to(60)
+        while not (rig.time.napping and rig.timeline.chunks_made < rig.ticked):
+            await rig.tick_to(rig.ticked + 1)
+        assert rig.time.naps > 0
+        now = rig.ticked  # time is chunk now - 1's due time; the nap has not made it yet
+        jobs = rig.executor.jobs
+        await rig.time.woken_by(lambda: rig.mixer.push(_tone(0.5)))
+        assert rig.timeline.chunks_made == now  # what was due, made at once
+        assert not rig.time.napping
+        await rig.tick_to(now + 1)  # the chunk with the tone: a job at its due time
+        assert rig.timeline.chunks_made == now + 1
+        assert rig.executor.jobs == jobs + 1
+        assert bytes(rig.buffers.take_chunk(now - 1)) == SILENCE
+        assert bytes(rig.buffers.take_chunk(now)) != SILENCE
 
 
 async def test_an_interrupt_or_a_call_without_a_shared_loop_puts_nothing_off(
@@ -391,7 +446,7 @@ async def test_an_interrupt_or_a_call_without_a_shared_loop_puts_nothing_off(
         await rig.tick_to(100)
         assert rig.executor.jobs < 80  # settled and putting silence off
         jobs = rig.executor.jobs
-        rig.timeline.interrupt()  # the next job resets the gate: it runs at the next tick
+        await rig.time.woken_by(rig.timeline.interrupt)  # the next job resets the gate
         await rig.tick_to(101)
         assert rig.executor.jobs == jobs + 1
     async with running(AudioFeatureStream(None, kind="mel", fps=FPS)) as rig:

@@ -125,10 +125,17 @@ class AudioMixer:
         self._fed = 0
         #: When the first microphone sample of each of the last chunks arrived, by chunk.
         self.chunk_arrivals: dict[int, float] = {}
+        #: Called when audio that is not all zeros arrives from the caller, and for every
+        #: push: the timeline, which may be sleeping through silence, listens here.
+        self.on_sound: Callable[[], None] | None = None
+        self._pushed_from = 0  # the first chunk that may take pushed audio
 
     def feed_inbound(self, samples: np.ndarray) -> None:
         """Add microphone samples (float32 mono 48 kHz) as they arrive."""
-        self._inbound.put(np.asarray(samples, dtype=np.float32))
+        inbound = np.asarray(samples, dtype=np.float32)
+        self._inbound.put(inbound)
+        if self.on_sound is not None and inbound.any():
+            self.on_sound()
         self._fed += len(samples)
         self._arrived.append((self._fed, self._clock()))
         while len(self._arrived) > 64:
@@ -181,6 +188,8 @@ class AudioMixer:
         self.utterances.queued(number, len(samples))
         if utterance is None:
             self.utterances.close(number)
+        if self.on_sound is not None:
+            self.on_sound()
         return self.pushed_seconds
 
     def check_room(self, samples: int) -> None:
@@ -205,6 +214,11 @@ class AudioMixer:
         (every one not yet ended)."""
         return self._pushed.clear() / OUT_RATE, self.utterances.clear()
 
+    def hold_pushed(self, first_chunk: int) -> None:
+        """Chunks before ``first_chunk`` take no pushed audio: they were due before it
+        was pushed (a timeline that slept through silence makes them late)."""
+        self._pushed_from = max(self._pushed_from, first_chunk)
+
     def next_chunk(self) -> np.ndarray:
         """The next 20 ms of the timeline (consumes from both sources)."""
         chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
@@ -215,7 +229,7 @@ class AudioMixer:
             self.chunk_arrivals.pop(self._chunks_made - 256, None)
         if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
             self.underruns += 1
-        taken = self._pushed.take_into(chunk)
+        taken = self._pushed.take_into(chunk) if self._chunks_made >= self._pushed_from else 0
         marks = self.utterances.taken(taken, self._chunks_made)
         self._chunks_made += 1
         if marks and self._on_marks is not None:

@@ -30,9 +30,14 @@ exactly as it would have one by one, before anything else: the first chunk of so
 switch, an interrupt or a full batch runs it at once. The frames those chunks complete are
 idle and reach the renderer up to that many chunks later, so this applies only while
 the call's idle frames come from a shared loop, whose packet is the same whenever it is
-taken (``defer_silence``). A listening call then hands the workers one job per
-:data:`MAX_SILENT_DEFERRED` chunks instead of one per chunk (``docs/architecture.md``
-§20).
+taken (``defer_silence``). While its chunks wait, the timeline also wakes less often: it
+sleeps up to :data:`MAX_SILENT_NAP` chunks and makes them together (the catch-up path),
+unless sound comes first: the mixer's ``on_sound`` (the caller's audio that is not
+zeros, or audio pushed), a switch or an interrupt wakes it, and it makes what is due
+then and goes back to a chunk per tick, so the chunk that holds the sound is made at its
+own due time. A listening call then hands the workers one job per
+:data:`MAX_SILENT_DEFERRED` + 1 chunks instead of one per chunk, and its timeline wakes
+about four times in those 220 ms instead of eleven (``docs/architecture.md`` §16).
 
 An interrupt silences what the caller has not heard yet: the queued audio, the
 packets being made (the encoder is replaced: the old one holds speech in its look-ahead)
@@ -94,6 +99,9 @@ MAX_CHUNKS_PER_JOB = 25
 #: The most chunks of digital silence whose features wait for the next job (200 ms):
 #: what that job makes first when speech starts (about 0.3 ms on the development VM).
 MAX_SILENT_DEFERRED = 10
+#: The most chunks a timeline whose chunks wait sleeps through before making them (100
+#: ms): the caller's zeros queue in the mixer meanwhile, well under its inbound bound.
+MAX_SILENT_NAP = 5
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,20 @@ class _SpeechGate:
         return step.infer
 
 
+async def nap_until_woken(seconds: float, woken: asyncio.Future[None]) -> None:
+    """Sleep ``seconds``, or until ``woken`` is done, whichever comes first."""
+    timer = asyncio.get_running_loop().call_later(seconds, _settle, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
 def chunk_due(start: float, index: int) -> float:
     """When chunk ``index`` is made: at the end of its 20 ms, the clock having started at
     ``start``."""
@@ -159,6 +181,7 @@ class AudioTimeline(Generic[T]):
         defer_silence: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        nap: Callable[[float, asyncio.Future[None]], Awaitable[None]] | None = None,
     ) -> None:
         self._mixer = mixer
         self._features = features
@@ -191,6 +214,15 @@ class AudioTimeline(Generic[T]):
         settle_ms = lookahead_ms + (frames_after + 2) * frame_ms
         self._settle_chunks = math.ceil(settle_ms / (AUDIO_CHUNK_S * 1000)) + 1
         self._deferred = 0
+        # A nap ends at the latest a chunk before the first chunk it puts off is sent
+        # (the session delay is longer than the lookahead).
+        chunk_ms = AUDIO_CHUNK_S * 1000
+        self._nap_chunks = max(1, min(MAX_SILENT_NAP, int(lookahead_ms // chunk_ms) - 1))
+        self._nap = nap if nap is not None else nap_until_woken
+        self._woken: asyncio.Future[None] | None = None  # set while napping
+        self._sound = False  # since the chunks last made: sound, a switch, an interrupt
+        self._start = 0.0  # the session clock's start, once jobs() runs
+        mixer.on_sound = self.wake
 
     @property
     def next_frame(self) -> int:
@@ -205,11 +237,26 @@ class AudioTimeline(Generic[T]):
     async def jobs(self, start: float) -> AsyncIterator[Made[T]]:
         """Make every chunk when it is due, ``start`` being the session clock's start;
         what each job made, as it comes back on the loop."""
+        self._start = start
+        napping = False  # the last chunks were put off: sleep through a few more
         while True:
             first = self._chunks_made
-            wait = chunk_due(start, first) - self._clock()
-            if wait > 0:
+            due_at = until = chunk_due(start, first)
+            if napping and not self._sound:
+                ahead = min(self._nap_chunks, MAX_SILENT_DEFERRED - self._deferred)
+                until = chunk_due(start, first + max(ahead, 1) - 1)
+            wait = until - self._clock()
+            if wait > 0 and until > due_at:
+                self._woken = asyncio.get_running_loop().create_future()
+                try:
+                    await self._nap(wait, self._woken)
+                finally:
+                    self._woken = None
+                if self._clock() < due_at:  # woken before the chunk is due: tick as usual
+                    continue
+            elif wait > 0:
                 await self._sleep(wait)
+            sound, self._sound = self._sound, False
             # (+1 µs: chunk_due's float sums must not round a due chunk out)
             late_s = self._clock() - chunk_due(start, first) + 1e-6
             late_chunks = int(late_s / AUDIO_CHUNK_S)
@@ -219,7 +266,9 @@ class AudioTimeline(Generic[T]):
             interrupts = self._interrupts
             if self._opus.fec_percent != self._fec_percent:
                 self._opus = OpusChunkEncoder(fec_percent=self._fec_percent)
+            napping = False
             if self._may_defer(chunks):
+                napping = not sound  # after sound, the next chunk is made at its tick
                 self._deferred += due
                 packets = [self._opus.encode(chunk, i) for i, chunk in enumerate(chunks, first)]
                 yield Made(first, packets, [], self._decided)
@@ -237,6 +286,18 @@ class AudioTimeline(Generic[T]):
                 yield Made(first, silence, [], self._decided)
             else:
                 yield Made(first, packets, frames, self._decided)
+
+    def wake(self) -> None:
+        """Sound came (the caller's or pushed audio), or a switch or an interrupt: a
+        napping timeline makes what is due now and goes back to a chunk per tick. The
+        chunks it makes then were due before the sound: audio pushed now is held for the
+        first chunk due after it, as it would have been had they been made on time."""
+        self._sound = True
+        woken = self._woken
+        if woken is not None and not woken.done():
+            due_by_now = int((self._clock() - self._start) / AUDIO_CHUNK_S + 1e-6)
+            self._mixer.hold_pushed(due_by_now)
+            woken.set_result(None)
 
     def _may_defer(self, chunks: list[np.ndarray]) -> bool:
         """Whether ``chunks`` may wait for a later job (module doc); read on the loop
@@ -295,6 +356,7 @@ class AudioTimeline(Generic[T]):
             self._switch = switch
         if self._chunks_made == 0:
             self._apply_switch()
+        self.wake()
 
     def cancel_switch(self, switch: AvatarSwitch) -> bool:
         """Withdraw ``switch`` unless a job applied it already; True when withdrawn."""
@@ -330,6 +392,7 @@ class AudioTimeline(Generic[T]):
         # A fresh encoder: the old one holds the last speech in its look-ahead and would
         # put it into the next packet it makes, heard a session delay from now.
         self._opus = OpusChunkEncoder(fec_percent=self._fec_percent)
+        self.wake()
         return dropped, cut
 
     def audio_loss(self, loss: float) -> None:
