@@ -140,7 +140,7 @@ class LivePipeline:
             self.budget,
             shared.executor,
             self.renderer.start,
-            defer_silence=lambda: self.renderer.sharing is not None,
+            defer_silence=self._on_shared_loop,
         )
         self._speech = speech
         self._on_voice = on_voice
@@ -208,6 +208,12 @@ class LivePipeline:
             utterances,
         )
         return dropped, played
+
+    def _on_shared_loop(self) -> bool:
+        """Whether the call is sending its avatar's shared idle loop now (its idle frames
+        are then the same whenever they are decided: silent chunks may wait)."""
+        sharing = self.renderer.sharing
+        return sharing is not None and sharing.sharing
 
     @property
     def sharing(self) -> IdleSharing | None:
