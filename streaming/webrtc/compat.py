@@ -3,8 +3,8 @@
 aiortc has no public way to do a few things lipstream needs: give a sender our own H.264
 encoder (and read its bitrate back), give an audio receiver a buffer that does not hold
 packets back (``streaming/webrtc/audio_receive.py``), see which codec a transceiver
-negotiated, stop an
-ICE consent task that would outlive its connection, gather only loopback candidates
+negotiated, take the caller's RTP in aioice's callback (``webrtc/rtp_receive.py``),
+stop an ICE consent task that would outlive its connection, gather only loopback candidates
 in a sandbox, answer as the DTLS server, and say why a DTLS handshake failed. Each
 private attribute or hook used for that is listed in
 :data:`INTERNALS` and reached only through the functions here; no other module touches
@@ -58,7 +58,7 @@ import contextlib
 import functools
 import importlib.metadata
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +115,12 @@ _DTLS_TX_SRTP = "_tx_srtp"  # the transport's outbound pylibsrtp.Session
 _DTLS_TX_BYTES = "_RTCDtlsTransport__tx_bytes"
 _DTLS_TX_PACKETS = "_RTCDtlsTransport__tx_packets"
 _SRTP_CONTEXT = "_srtp"  # pylibsrtp.Session's srtp_t
+# The caller's packets, straight from the socket (webrtc/rtp_receive.py).
+_ICE_DATA_RECEIVED = "data_received"  # aioice.Connection: every datagram that is not STUN
+_DTLS_RX_SRTP = "_rx_srtp"  # the transport's inbound pylibsrtp.Session, once keyed
+_DTLS_HANDLE_RTP = "_handle_rtp_data"  # parse, route to a receiver, hand it the packet
+_DTLS_RX_BYTES = "_RTCDtlsTransport__rx_bytes"
+_DTLS_RX_PACKETS = "_RTCDtlsTransport__rx_packets"
 _ICE_NOMINATED = "_nominated"  # aioice.Connection's chosen pair per component
 
 
@@ -160,6 +166,11 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("aiortc.RTCDtlsTransport", _DTLS_TX_PACKETS, "transport stats count our packets"),
     Internal("pylibsrtp.Session", _SRTP_CONTEXT, "srtp_protect on our own buffer"),
     Internal("aioice.Connection", _ICE_NOMINATED, "the UDP socket our packets leave by"),
+    Internal("aioice.Connection", _ICE_DATA_RECEIVED, "wrapped: the caller's RTP at once"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_RX_SRTP, "unprotect the caller's RTP"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_HANDLE_RTP, "the caller's RTP to its receiver"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_RX_BYTES, "transport stats count its packets"),
+    Internal("aiortc.RTCDtlsTransport", _DTLS_RX_PACKETS, "transport stats count its packets"),
     # LipstreamH264Encoder subclasses aiortc's encoder: it overrides the per-frame encode,
     # calls the packetizer and keeps the codec and the packetizer's buffers in step.
     Internal("aiortc.codecs.h264.H264Encoder", "_encode_frame", "our codec per frame"),
@@ -392,6 +403,55 @@ def run_rtp_with(
     """Make ``sender`` run ``run(codec)`` as its RTP loop instead of aiortc's. Call it
     before media flows (aiortc starts the loop once the transport connects)."""
     _replace(sender, _SENDER_RUN_RTP, run)
+
+
+@dataclass(frozen=True)
+class ReceiveHooks:
+    """What handling the caller's RTP in the socket's callback needs of aioice and a
+    DTLS transport (:class:`~streaming.webrtc.rtp_receive.DirectReceive`)."""
+
+    #: aioice's own hand-off of a datagram: its queue, which the transport's task reads.
+    queue: Callable[[bytes, int], None]
+    #: The transport's inbound SRTP session (None until DTLS has keyed it).
+    srtp: Callable[[], pylibsrtp.Session | None]
+    #: The transport's handling of one unprotected RTP packet (``arrival_time_ms``).
+    handle_rtp: Callable[[bytes, int], Coroutine[Any, Any, None]]
+    #: Count one received datagram of ``n`` bytes in the transport's stats.
+    counted: Callable[[int], None]
+    #: aiortc's clock for a packet's arrival, in ms.
+    now_ms: Callable[[], int]
+
+
+def intercept_datagrams(
+    transport: RTCDtlsTransport, receive: Callable[[bytes, int], None]
+) -> ReceiveHooks:
+    """From now on every datagram of ``transport``'s ICE connection that is not STUN goes
+    to ``receive(data, component)`` instead of aioice's queue; the hooks let it hand a
+    datagram on to that queue, or handle an RTP packet itself. Call it before media
+    flows. Raises ``RuntimeError`` naming the attribute if aiortc or aioice keep these
+    elsewhere."""
+    connection = _require(transport.transport, _ICE_CONNECTION)
+    queue: Callable[[bytes, int], None] = _require(connection, _ICE_DATA_RECEIVED)
+    handle_rtp = _require(transport, _DTLS_HANDLE_RTP)
+    for name in (_DTLS_RX_SRTP, _DTLS_RX_BYTES, _DTLS_RX_PACKETS):
+        _require(transport, name)
+
+    def counted(size: int) -> None:
+        setattr(transport, _DTLS_RX_BYTES, getattr(transport, _DTLS_RX_BYTES) + size)
+        setattr(transport, _DTLS_RX_PACKETS, getattr(transport, _DTLS_RX_PACKETS) + 1)
+
+    def handle(data: bytes, arrival_time_ms: int) -> Coroutine[Any, Any, None]:
+        coroutine: Coroutine[Any, Any, None] = handle_rtp(data, arrival_time_ms=arrival_time_ms)
+        return coroutine
+
+    _replace(connection, _ICE_DATA_RECEIVED, receive)
+    return ReceiveHooks(
+        queue=queue,
+        srtp=lambda: getattr(transport, _DTLS_RX_SRTP),
+        handle_rtp=handle,
+        counted=counted,
+        now_ms=aiortc_clock.current_ms,
+    )
 
 
 def _udp_kind(datagrams: object) -> str | None:

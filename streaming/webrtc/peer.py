@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from streaming.webrtc.compat import (
     answer_as_dtls_server,
     close_peer_connection,
     install_audio_receive_buffer,
+    intercept_datagrams,
     negotiated_codecs,
     sender_encoder,
 )
@@ -68,6 +70,7 @@ from streaming.webrtc.data_channel import (
 from streaming.webrtc.h264_sender import install_encoder, negotiated_codec, prefer_h264
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.pacing import SessionClock
+from streaming.webrtc.rtp_receive import DirectReceive
 from streaming.webrtc.tracks import (
     AvatarAudioTrack,
     AvatarVideoTrack,
@@ -170,6 +173,7 @@ class Peer:
         self._channels: list[asyncio.Task[Any]] = []  # data channels being served
         self.video_codec: str | None = None  # the negotiated one, once answered
         self.link: LinkController | None = None  # the H.264 call's link, once answered
+        self._receives: list[DirectReceive] = []  # one per transport, once answered
         self._answer = ""
 
     @classmethod
@@ -238,6 +242,11 @@ class Peer:
         for transceiver in pc.getTransceivers():  # before media flows (§2)
             if transceiver.kind == "audio":
                 self._decode_on_arrival(transceiver, media.caller_audio)
+        transports = {t.receiver.transport for t in pc.getTransceivers()}
+        self._receives = [  # the caller's RTP from the socket's callback (§20)
+            DirectReceive(functools.partial(intercept_datagrams, transport))
+            for transport in transports
+        ]
         answer = pc.localDescription.sdp if pc.localDescription is not None else ""
         negotiated = negotiated_codec(video)
         if negotiated is not None:
@@ -329,6 +338,11 @@ class Peer:
         """Whether ICE found a path (whether or not DTLS then completed)."""
         return self._pc.iceConnectionState in ("connected", "completed")
 
+    @property
+    def receives(self) -> tuple[DirectReceive, ...]:
+        """How the caller's RTP is taken in, per transport (its counts)."""
+        return tuple(self._receives)
+
     async def packets_received(self) -> int:
         """Packets (DTLS, SRTP, SRTCP) received from the caller on its transports so far."""
         return transport_packets((await self._pc.getStats()).values())
@@ -368,6 +382,8 @@ class Peer:
         self._video.stop()
         if self._audio is not None:
             self._audio.stop()
+        for receive in self._receives:
+            await receive.close()
         try:
             async with asyncio.timeout(timeout_s):
                 await close_peer_connection(self._pc)
