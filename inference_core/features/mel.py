@@ -235,10 +235,11 @@ class StreamingMel:
         hop, n_fft = self._cfg.hop, self._cfg.n_fft
         offset = first * hop - padded_start
         count = last - first + 1
-        windows = np.lib.stride_tricks.sliding_window_view(
-            padded[offset : offset + (count - 1) * hop + n_fft], n_fft
-        )[::hop]
+        region = padded[offset : offset + (count - 1) * hop + n_fft]
         self._next_frame = last + 1
+        if not region.any():  # all digital silence: silence's row for each, no framing
+            return np.repeat(self._silent_row[np.newaxis], count, axis=0)
+        windows = np.lib.stride_tricks.sliding_window_view(region, n_fft)[::hop]
         return self._frames_to_mel(windows)
 
     def _frames_to_mel(self, frames: Float64Array) -> FloatArray:
