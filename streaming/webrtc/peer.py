@@ -8,7 +8,8 @@ It owns:
   :class:`~streaming.webrtc.tracks.AvatarAudioTrack` when the offer has an audio
   section), H.264 preferred when the caller can decode it, the server as the DTLS
   server, the caller's Opus decoded on arrival into the call's mixer
-  (:mod:`~streaming.webrtc.audio_receive`), and our H.264 encoder installed on the video
+  (:mod:`~streaming.webrtc.audio_receive`) and taken from the socket's callback
+  (:mod:`~streaming.webrtc.rtp_receive`), and our H.264 encoder installed on the video
   sender;
 - **its state**, as a :class:`PeerState`, and what ends the call from this side: the
   connection failed (with the DTLS cause when there is one) or closed;
@@ -22,6 +23,9 @@ It owns:
 Its tasks (received tracks drained, data channels served) are the call's, spawned
 through the :class:`CallTasks` it is given, so they end the call by the session's one
 rule when they fail (§7).
+
+Why one module of a little over 400 lines: it is the one place that holds the
+``RTCPeerConnection``, so all a connection does for a call reads in one file.
 """
 
 from __future__ import annotations
