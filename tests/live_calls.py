@@ -23,14 +23,19 @@ dropped).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from aiohttp import ClientSession
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
+
+from config.settings import Settings
+from web.app import build_app
 
 T = TypeVar("T")
 
@@ -104,3 +109,17 @@ async def session_state(
     assert response.status == 200, await response.text()
     state: dict[str, Any] = await response.json()
     return state
+
+
+@contextlib.asynccontextmanager
+async def demo_app(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    """The real application in-process on 127.0.0.1, serving the demo avatar (generated
+    under ``tmp_path``) with the fastest x264 preset."""
+    settings = Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "video": {"preset": "ultrafast"},
+        }
+    )
+    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as test_client:
+        yield test_client

@@ -27,7 +27,7 @@ from streaming.link.rtp_bytes import (
 )
 from streaming.link.rtp_writer import RtpWriter, StreamLayout
 from streaming.live.manager import SessionManager
-from tests.live_calls import until
+from tests.live_calls import demo_app, until
 from tests.test_link_wire import extension_map
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -112,13 +112,7 @@ def _manager(client: TestClient[Any, Any]) -> SessionManager:
 
 @pytest.fixture
 async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[Any, Any]]:
-    settings = Settings.model_validate(
-        {
-            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
-            "video": {"preset": "ultrafast"},
-        }
-    )
-    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as test_client:
+    async with demo_app(tmp_path) as test_client:
         yield test_client
 
 

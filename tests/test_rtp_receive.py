@@ -13,17 +13,15 @@ from typing import Any
 import numpy as np
 import pylibsrtp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from aiortc.rtp import RtcpRrPacket, RtpPacket
 
-from config.settings import Settings
 from streaming.live.manager import SessionManager
 from streaming.webrtc.compat import ReceiveHooks
 from streaming.webrtc.rtp_receive import MAX_BEHIND, DirectReceive
-from tests.live_calls import until
+from tests.live_calls import demo_app, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
-from web.app import build_app
 from web.app_keys import SESSIONS
 
 _PROFILE = pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80
@@ -31,13 +29,7 @@ _PROFILE = pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80
 
 @pytest.fixture
 async def client(tmp_path: Path, loopback: None) -> AsyncIterator[TestClient[Any, Any]]:
-    settings = Settings.model_validate(
-        {
-            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
-            "video": {"preset": "ultrafast"},
-        }
-    )
-    async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as test_client:
+    async with demo_app(tmp_path) as test_client:
         yield test_client
 
 
