@@ -343,6 +343,10 @@ class VideoSettings(_Section):
     encoder_threads: int = Field(default=1, ge=0, le=64)
     shared_idle: bool = True
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
+    #: The steady idle loops' keyframe interval (``streaming/live/idle_sharing.py``): a
+    #: call moves to them from the joining loops above. 0 (or not more than the joining
+    #: interval) sends the joining loops only.
+    idle_steady_keyframe_interval_s: float = Field(default=1.92, ge=0, le=60)
     idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True
     idle_bitrate_rungs: tuple[float, ...] = Field(default=(1.0, 0.5, 0.25, 0.125), min_length=1)

@@ -267,10 +267,13 @@ def _image(index: int, face: bool) -> np.ndarray:
     return _frame(bounce_index(index, COUNT), face=face)
 
 
-async def _call(rungs: tuple[float, ...] = (1.0,)) -> tuple[_Call, IdleLoopCache]:
+async def _call(
+    rungs: tuple[float, ...] = (1.0,), steady_every: int | None = None
+) -> tuple[_Call, IdleLoopCache]:
     cache = IdleLoopCache(64 * 1024 * 1024)
     config = _config()
-    sharing = IdleSharing(cache, rung_keys(_key(config), rungs), _frame, FPS)
+    keys = rung_keys(_key(config), rungs)
+    sharing = IdleSharing(cache, keys, _frame, FPS, steady_every=steady_every)
     sharing.prepare()
     await _built(cache)
     return _Call(sharing, LipstreamH264Encoder(config)), cache
@@ -355,6 +358,41 @@ async def test_the_rung_follows_the_target_bitrate() -> None:
     assert sum(sizes[-16:]) < sum(sizes[:16])  # one loop round each, fewer bytes
     assert all(psnr > MIN_PSNR_DB - 5 for _, psnr in call.decoded())
     assert cache.stats().built == 2  # the rungs asked for, not all three
+    await cache.close()
+
+
+async def test_a_call_moves_to_the_steady_loop_and_sends_fewer_keyframes() -> None:
+    steady = 4 * EVERY  # a steady keyframe every 16 positions: one per bounce period
+    call, cache = await _call(steady_every=steady)
+    call.send(0, face=False)  # the steady loop is asked for here, built in the background
+    assert call.sharing.keyframe_every == EVERY
+    await _built(cache)
+    for index in range(1, 64):
+        call.send(index, face=False)
+    assert all(call.shared())
+    idrs = [index for index, payloads, *_ in call.sent if carries_idr(payloads)]
+    assert idrs == [0, 4, 8, 12, 16, 32, 48]  # on the steady loop from 16 on
+    assert call.sharing.keyframe_every == steady
+    # a keyframe request between steady keyframes: the joining loop's IDR where it has
+    # one, then the steady loop again at its next keyframe
+    for index in range(64, 68):
+        call.send(index, face=False)
+    call.encoder.request_keyframe()  # due at 68: a joining keyframe, not a steady one
+    for index in range(68, 81):
+        call.send(index, face=False)
+    assert all(call.shared())
+    idrs = [index for index, payloads, *_ in call.sent[64:] if carries_idr(payloads)]
+    assert idrs == [64, 68, 72, 76, 80]
+    assert not call.encoder.keyframe_wanted
+    assert call.sharing.keyframe_every == steady
+    assert all(psnr > MIN_PSNR_DB for _, psnr in call.decoded())
+    # a call that starts at a steady keyframe joins the steady loop at once
+    late = _Call(
+        IdleSharing(cache, rung_keys(_key(_config()), (1.0,)), _frame, FPS, steady_every=steady),
+        LipstreamH264Encoder(_config()),
+    )
+    late.send(0, face=False)
+    assert late.sharing.keyframe_every == steady
     await cache.close()
 
 

@@ -143,7 +143,8 @@ def _idle_sharing(
         constant_quality=video.idle_constant_quality,
     )
     keys = rung_keys(base, video.idle_bitrate_rungs)
-    return IdleSharing(idle_loops, keys, frames.get, fps, plan.loop_position)
+    steady = round(video.idle_steady_keyframe_interval_s * fps)
+    return IdleSharing(idle_loops, keys, frames.get, fps, plan.loop_position, steady)
 
 
 async def preload(avatar: CallAvatar, executor: Offload) -> None:

@@ -8,11 +8,20 @@ at an IDR, so:
 
 * an idle call keeps encoding its own frames until its position is a shared keyframe
   (of the rung its target bitrate wants), then sends the loop from there;
+* each rung has two loops of the same pictures: the **joining** loop, with an IDR every
+  ``video.idle_keyframe_interval_s`` (0.48 s) so that a call that stops speaking is back
+  on a shared loop soon, and the **steady** loop, with an IDR only every
+  ``video.idle_steady_keyframe_interval_s`` (1.92 s). A call on the joining loop moves to
+  the steady one at the steady loop's next keyframe and stays there: on the demo avatar
+  an IDR is 23 packets and 27 KB against a P-frame's 2 and 1.7 KB, so a listening call
+  sends about 0.6 of the bytes and packets it sent on the joining loop alone
+  (``docs/architecture.md`` §16). A call joins whichever of the two has a keyframe where
+  it is, the steady one first;
 * the first frame with a face (speech) leaves the loop: the call's own encoder makes an
   IDR;
 * a keyframe request (PLI/FIR) while sharing is answered by the nearer keyframe: the
-  loop's, when this position is one, else the call's own IDR (it rejoins at the next
-  shared keyframe);
+  loop's, when this position is one (the call goes back to the joining loop for it if
+  that one has it), else the call's own IDR (it rejoins at the next shared keyframe);
 * a skipped slot while sharing leaves the loop too (the decoder would miss a picture the
   next one refers to);
 * a new target bitrate (the call's link) moves the call to another rung at that rung's
@@ -54,6 +63,8 @@ class IdleSharing:
     at the full picture; at another ladder step the rungs are the same fractions of that
     step's bitrate. ``position(n)`` the clip frame ``n`` plays and its bounce position
     there (the call's ``ClipPlan.loop_position``; default: every frame, position ``n``).
+    ``steady_every`` is the steady loops' keyframe interval in frames (module doc); None,
+    or not more than the keys' own interval, sends the joining loops only.
     """
 
     def __init__(
@@ -63,6 +74,7 @@ class IdleSharing:
         frames: FrameSource,
         fps: int,
         position: Callable[[int], tuple[Clip, int]] | None = None,
+        steady_every: int | None = None,
     ) -> None:
         if not keys:
             raise ValueError("idle sharing needs at least one bitrate rung")
@@ -73,9 +85,13 @@ class IdleSharing:
         self._frames = frames
         self._fps = fps
         self._position = position
+        joining = top.keyframe_every
+        self._joining_every = joining
+        self._steady_every = steady_every if steady_every and steady_every > joining else None
         self._loop: EncodedLoop | None = None  # the loop being sent, None while encoding
         self._last = -1  # the last frame decided
         self._left_at = -2  # the last frame where the call left the loop (an own IDR)
+        self._idr_at = -2  # the last frame that was a loop's IDR
 
     @property
     def sharing(self) -> bool:
@@ -86,6 +102,12 @@ class IdleSharing:
     def rung_bitrate(self) -> int | None:
         """The bitrate of the loop being sent, None while the call encodes its frames."""
         return None if self._loop is None else self._loop.key.bitrate
+
+    @property
+    def keyframe_every(self) -> int | None:
+        """The keyframe interval of the loop being sent (joining or steady), None while
+        the call encodes its frames."""
+        return None if self._loop is None else self._loop.key.keyframe_every
 
     def prepare(self, clip: Clip | None = None) -> None:
         """Ask for the top rung's loop of ``clip`` (default: the one the call starts
@@ -104,6 +126,10 @@ class IdleSharing:
             return None
         if loop is None:
             return self._join(index, clip, position, encoder)
+        if encoder.keyframe_wanted and not loop.is_keyframe(position % loop.length):
+            joining = self._keyframe_of(self._joining(loop.key), position)
+            if joining is not None:
+                loop = self._loop = joining  # its IDR answers the request
         if gap or (encoder.keyframe_wanted and not loop.is_keyframe(position % loop.length)):
             self._leave(index, encoder)
             return None
@@ -111,12 +137,19 @@ class IdleSharing:
         if wanted is None:  # no loop fits the target any more
             self._leave(index, encoder)
             return None
-        if wanted != loop.key:
-            other = self._loops.get(wanted, self._frames)
-            if other is not None and other.is_keyframe(position % other.length):
+        movable = index > self._idr_at + 1  # never two IDRs in a row, as in _join
+        if movable and wanted != self._joining(loop.key):
+            other = self._keyframe_of(wanted, position)
+            if other is not None:
                 logger.debug("frame %d moves to bitrate %d", index, other.key.bitrate)
                 loop = self._loop = other
+        steady = self._steady(loop.key)
+        if movable and steady is not None and steady != loop.key:
+            other = self._keyframe_of(steady, position)
+            if other is not None:
+                loop = self._loop = other
         if loop.is_keyframe(position % loop.length):
+            self._idr_at = index
             encoder.take_keyframe_request()  # a shared IDR answers a PLI as well
         return loop.packet(index, self._fps, position)
 
@@ -136,10 +169,16 @@ class IdleSharing:
         if index <= self._left_at + 1:  # never two IDRs in a row (H.264 7.4.3 idr_pic_id)
             return None
         key = self._rung(encoder, clip)
-        loop = None if key is None else self._loops.get(key, self._frames)
-        if loop is None or not loop.is_keyframe(position % loop.length):
+        if key is None:
+            return None
+        steady = self._steady(key)
+        loop = None if steady is None else self._keyframe_of(steady, position)
+        if loop is None:
+            loop = self._keyframe_of(key, position)
+        if loop is None:
             return None
         self._loop = loop
+        self._idr_at = index
         encoder.take_keyframe_request()
         logger.debug("frame %d joins the shared loop (bitrate %d)", index, loop.key.bitrate)
         return loop.packet(index, self._fps, position)
@@ -149,6 +188,19 @@ class IdleSharing:
         self._loop = None
         self._left_at = index
         encoder.request_keyframe()
+
+    def _keyframe_of(self, key: LoopKey, position: int) -> EncodedLoop | None:
+        """``key``'s loop if it is built and has a keyframe at ``position`` (asked for,
+        and so built in the background, either way)."""
+        loop = self._loops.get(key, self._frames)
+        return loop if loop is not None and loop.is_keyframe(position % loop.length) else None
+
+    def _joining(self, key: LoopKey) -> LoopKey:
+        return replace(key, keyframe_every=self._joining_every)
+
+    def _steady(self, key: LoopKey) -> LoopKey | None:
+        every = self._steady_every
+        return None if every is None else replace(key, keyframe_every=every)
 
     def _rung(self, encoder: LipstreamH264Encoder, clip: Clip | None) -> LoopKey | None:
         """The highest rung of ``clip``'s loop at the encoder's step that fits its target:
