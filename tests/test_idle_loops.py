@@ -276,7 +276,9 @@ async def _call(
     sharing = IdleSharing(cache, keys, _frame, FPS, steady_every=steady_every)
     sharing.prepare()
     await _built(cache)
-    return _Call(sharing, LipstreamH264Encoder(config)), cache
+    encoder = LipstreamH264Encoder(config)
+    encoder.steady_idle = True  # what the link says once transport-cc drives it
+    return _Call(sharing, encoder), cache
 
 
 async def test_a_call_splices_in_and_out_of_the_loop_and_every_frame_decodes() -> None:
@@ -391,8 +393,19 @@ async def test_a_call_moves_to_the_steady_loop_and_sends_fewer_keyframes() -> No
         IdleSharing(cache, rung_keys(_key(_config()), (1.0,)), _frame, FPS, steady_every=steady),
         LipstreamH264Encoder(_config()),
     )
+    late.encoder.steady_idle = True
     late.send(0, face=False)
     assert late.sharing.keyframe_every == steady
+    # a link that says no (its caller turned out to send REMB only): back to the joining
+    # loop at its next keyframe, and there it stays
+    call.encoder.steady_idle = False
+    for index in range(81, 100):
+        call.send(index, face=False)
+    assert all(call.shared())
+    idrs = [index for index, payloads, *_ in call.sent[81:] if carries_idr(payloads)]
+    assert idrs == [84, 88, 92, 96]
+    assert call.sharing.keyframe_every == EVERY
+    assert all(psnr > MIN_PSNR_DB for _, psnr in call.decoded())
     await cache.close()
 
 

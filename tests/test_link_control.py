@@ -19,6 +19,7 @@ async def test_a_clean_link_climbs_from_the_start_rate_to_the_full_picture() -> 
     assert estimator.estimate_bps == 300_000  # where every call starts
     await call.run(8)
     assert estimator.mode is Mode.TRANSPORT_CC
+    assert call.encoder.steady_idle is True  # our own estimate: steady idle loops allowed
     assert estimator.estimate_bps == MAX_BPS
     assert call.encoder.target_bitrate == 2_500_000
     assert estimator.probes.succeeded >= 2  # probes did the climbing

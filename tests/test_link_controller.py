@@ -123,8 +123,10 @@ async def test_remb_is_the_links_without_transport_cc() -> None:
         fci = pack_remb_fci(bps, [VIDEO])
         return bytes(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=9, media_ssrc=0, fci=fci))
 
+    assert encoder.steady_idle is False  # not before transport-cc drives the estimate
     assert controller.rtcp(remb(1_500_000)) == b""
     assert controller.estimator.estimate_bps == 2_631_579  # a lagging first REMB: kept
+    assert encoder.steady_idle is False  # a REMB-only caller keeps to the joining loops
     assert controller.rtcp(remb(800_000)) == b""  # a drop: the caller's overuse
     assert controller.estimator.estimate_bps == 800_000
     assert encoder.target_bitrate == round(800_000 * 0.95)  # less the headers

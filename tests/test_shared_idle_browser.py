@@ -34,6 +34,7 @@ from tests.browser_page import browser_page
 from tests.live_calls import FPS, GENEROUS_MARGIN_MS, assert_lip_synced, until
 from tests.media import espeak_wav, read_wav, write_wav
 from web.app import build_app
+from web.app_keys import SESSIONS
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
@@ -302,6 +303,7 @@ async def test_fifty_speech_switches_between_shared_and_live_frames_without_a_se
             phases.append(await call.speak(phrase))
             phases.append(await call.fall_silent(MAX_SILENCE_FRAMES))
         end = phases[-1].state
+        steady = await _settles_on_the_steady_loop(server, call, session_id)
 
     first, last = phases[0].stats, phases[-1].stats
     summary = {k: last[k] for k in last if not k.startswith("element")}
@@ -350,3 +352,42 @@ async def test_fifty_speech_switches_between_shared_and_live_frames_without_a_se
     # Each switch is a keyframe: a forced one to live, a shared one back.
     keyframes = last["keyFramesDecoded"] - first["keyFramesDecoded"]
     assert keyframes >= switches, (keyframes, switches, summary)
+
+    # Chromium sends transport-cc, so the long silence after the bursts settled on the
+    # steady loop: its keyframes only, every frame decoded, no freeze, no request.
+    before, after = steady
+    assert after.state["frames_encoded"] == before.state["frames_encoded"], str(after)
+    shared = after.state["frames_shared"] - before.state["frames_shared"]
+    assert shared >= STEADY_FRAMES, str(after)
+    keyframes = after.stats["keyFramesDecoded"] - before.stats["keyFramesDecoded"]
+    assert keyframes <= shared // STEADY_EVERY + 1, (keyframes, shared, str(after))
+    assert after.stats["pliCount"] == before.stats["pliCount"], str(after)
+    if not _late(before, after):
+        assert after.stats["freezeCount"] == before.stats["freezeCount"], str(after)
+    decoded = after.stats["framesDecoded"] - before.stats["framesDecoded"]
+    assert decoded >= shared - IN_FLIGHT_FRAMES, (decoded, shared, str(after))
+
+
+#: Frames between the steady idle loop's keyframes (video.idle_steady_keyframe_interval_s).
+STEADY_EVERY = round(Settings().video.idle_steady_keyframe_interval_s * FPS)
+#: Shared frames watched on the steady loop: three of its keyframe intervals.
+STEADY_FRAMES = 3 * STEADY_EVERY
+
+
+async def _settles_on_the_steady_loop(
+    server: TestServer, call: Call, session_id: str
+) -> tuple[Phase, Phase]:
+    """Wait, in silence, until the call sends the steady loop, then for
+    :data:`STEADY_FRAMES` more shared frames; the phases at both ends."""
+    manager = server.app[SESSIONS]
+    sharing = manager.get(session_id).pipeline.sharing
+    assert sharing is not None
+    await until(lambda: sharing.keyframe_every == STEADY_EVERY, "the steady idle loop")
+    before = await call._phase("silence", True)
+    start = before.state["frames_shared"]
+
+    def watched(previous: dict[str, Any], now: dict[str, Any]) -> bool:
+        return bool(now["frames_shared"] - start >= STEADY_FRAMES)
+
+    await call.until_state(watched, "frames of the steady idle loop")
+    return before, await call._phase("silence", True)

@@ -73,6 +73,7 @@ class LinkedEncoder(Protocol):
     """What the controller steers (the call's H.264 encoder, ``webrtc/video_encoder.py``)."""
 
     keyframe_interval_s: float
+    steady_idle: bool
     keyframe_requests: int
     keyframe_requests_ignored: int
     qps: deque[float]
@@ -190,6 +191,10 @@ class LinkController:
         self._set(step, self.ladder.bitrate(budget))
         rtt = self.estimator.rtt_s
         self._encoder.keyframe_interval_s = max(KEYFRAME_MIN_INTERVAL_S, KEYFRAME_RTTS * rtt)
+        # only an estimate of our own: a REMB grows with what the caller receives and
+        # swings with it, so a steady idle loop's rare keyframes would walk it, and the
+        # call, down; an aiortc caller's first REMB comes 5 s in (idle_sharing.py)
+        self._encoder.steady_idle = estimator.mode is Mode.TRANSPORT_CC
 
     def _set(self, step: Step, bitrate: int) -> None:
         top = self.ladder.steps[0]

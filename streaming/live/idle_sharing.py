@@ -16,7 +16,12 @@ at an IDR, so:
   an IDR is 23 packets and 27 KB against a P-frame's 2 and 1.7 KB, so a listening call
   sends about 0.6 of the bytes and packets it sent on the joining loop alone
   (``docs/architecture.md`` §16). A call joins whichever of the two has a keyframe where
-  it is, the steady one first;
+  it is, the steady one first. Only a call whose link estimate is its own
+  (transport-cc feedback, as every browser sends) settles on the steady loop; the link
+  says so (``LipstreamH264Encoder.steady_idle``). A caller that sends only REMB (aiortc)
+  keeps to the joining loop: its estimate starts from what it received in its first 5 s
+  and then swings with what it receives, and the steady loop's rare keyframes walked it
+  down until the call stepped down the quality ladder;
 * the first frame with a face (speech) leaves the loop: the call's own encoder makes an
   IDR;
 * a keyframe request (PLI/FIR) while sharing is answered by the nearer keyframe: the
@@ -143,9 +148,9 @@ class IdleSharing:
             if other is not None:
                 logger.debug("frame %d moves to bitrate %d", index, other.key.bitrate)
                 loop = self._loop = other
-        steady = self._steady(loop.key)
-        if movable and steady is not None and steady != loop.key:
-            other = self._keyframe_of(steady, position)
+        settle = self._steady(wanted, encoder) or wanted  # the loop the call settles on
+        if movable and loop.key != settle and self._joining(loop.key) == wanted:
+            other = self._keyframe_of(settle, position)
             if other is not None:
                 loop = self._loop = other
         if loop.is_keyframe(position % loop.length):
@@ -171,7 +176,7 @@ class IdleSharing:
         key = self._rung(encoder, clip)
         if key is None:
             return None
-        steady = self._steady(key)
+        steady = self._steady(key, encoder)
         loop = None if steady is None else self._keyframe_of(steady, position)
         if loop is None:
             loop = self._keyframe_of(key, position)
@@ -198,14 +203,19 @@ class IdleSharing:
     def _joining(self, key: LoopKey) -> LoopKey:
         return replace(key, keyframe_every=self._joining_every)
 
-    def _steady(self, key: LoopKey) -> LoopKey | None:
+    def _steady(self, key: LoopKey, encoder: LipstreamH264Encoder) -> LoopKey | None:
+        """``key``'s steady twin, None when the call may not settle on one."""
         every = self._steady_every
-        return None if every is None else replace(key, keyframe_every=every)
+        if every is None or not encoder.steady_idle:
+            return None
+        return replace(key, keyframe_every=every)
 
     def _rung(self, encoder: LipstreamH264Encoder, clip: Clip | None) -> LoopKey | None:
         """The highest rung of ``clip``'s loop at the encoder's step that fits its target:
         at or below it, and, once built, no more than it on average. None when none
-        does, or when the step sends only some frames (module doc)."""
+        does, or when the step sends only some frames (module doc). The loop judged is
+        the one the call settles on, the steady one once it is built (the joining loop's
+        extra keyframes last only until the steady loop's next keyframe)."""
         config, target = encoder.config, encoder.target_bitrate
         if not encoder.sends_every_frame:
             return None
@@ -215,7 +225,8 @@ class IdleSharing:
             if bitrate > target:
                 continue
             key = self._for(replace(top, config=config, bitrate=bitrate), clip)
-            built = self._loops.peek(key)
+            steady = self._steady(key, encoder)
+            built = (None if steady is None else self._loops.peek(steady)) or self._loops.peek(key)
             if built is None or fits(built, target):
                 return key
         return None

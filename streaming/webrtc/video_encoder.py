@@ -95,6 +95,9 @@ class LipstreamH264Encoder(H264Encoder):
         self._last_idr_at = -math.inf
         #: The least time between two IDRs a caller's PLI/FIR may ask for.
         self.keyframe_interval_s = 0.0
+        #: Whether the call may settle on a steady idle loop (few keyframes): the link
+        #: says yes once transport-cc feedback drives its estimate (idle_sharing.py).
+        self.steady_idle = False
         self.keyframe_requests = 0
         self.keyframe_requests_ignored = 0
         #: QP of the live P-frames encoded lately (read and emptied by the link).
