@@ -39,6 +39,7 @@ async def test_a_capped_link_is_used_without_a_standing_queue(capacity: float) -
     assert call.received_bps(20, 30) >= 0.6 * capacity
     assert call.link.dropped == dropped  # once settled, nothing overflows the queue
     assert call.link.max_delay_s < 0.2
+    assert call.encoder.steady_idle is False  # the link limits the call: joining loops
     await call.close()
 
 

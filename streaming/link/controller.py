@@ -191,10 +191,14 @@ class LinkController:
         self._set(step, self.ladder.bitrate(budget))
         rtt = self.estimator.rtt_s
         self._encoder.keyframe_interval_s = max(KEYFRAME_MIN_INTERVAL_S, KEYFRAME_RTTS * rtt)
-        # only an estimate of our own: a REMB grows with what the caller receives and
-        # swings with it, so a steady idle loop's rare keyframes would walk it, and the
-        # call, down; an aiortc caller's first REMB comes 5 s in (idle_sharing.py)
-        self._encoder.steady_idle = estimator.mode is Mode.TRANSPORT_CC
+        # only an estimate of our own, and only at the full rate: a REMB grows with what
+        # the caller receives and swings with it, so a steady idle loop's rare keyframes
+        # walked it, and the call, down; and below the full rate the link is what limits
+        # the call, which a call sending less would stop finding out (idle_sharing.py)
+        self._encoder.steady_idle = (
+            estimator.mode is Mode.TRANSPORT_CC
+            and estimator.estimate_bps >= estimator.limits.max_bps
+        )
 
     def _set(self, step: Step, bitrate: int) -> None:
         top = self.ladder.steps[0]

@@ -14,11 +14,15 @@ at an IDR, so:
   ``video.idle_steady_keyframe_interval_s`` (1.92 s). A call on the joining loop moves to
   the steady one at the steady loop's next keyframe and stays there: on the demo avatar
   an IDR is 23 packets and 27 KB against a P-frame's 2 and 1.7 KB, so a listening call
-  sends about 0.6 of the bytes and packets it sent on the joining loop alone
+  sends 0.65 of the bytes and 0.70 of the packets it sent on the joining loop alone
   (``docs/architecture.md`` §16). A call joins whichever of the two has a keyframe where
   it is, the steady one first. Only a call whose link estimate is its own
-  (transport-cc feedback, as every browser sends) settles on the steady loop; the link
-  says so (``LipstreamH264Encoder.steady_idle``). A caller that sends only REMB (aiortc)
+  (transport-cc feedback, as every browser sends) and at the full rate settles on the
+  steady loop; the link says so (``LipstreamH264Encoder.steady_idle``). Below the full
+  rate the link is what limits the call, and a call that sends less while it listens
+  stops finding out what the link carries: on a 600 kbit/s link the estimate rose to
+  950 kbit/s and the answer's first frames overran the link. A caller that sends only
+  REMB (aiortc)
   keeps to the joining loop: its estimate starts from what it received in its first 5 s
   and then swings with what it receives, and the steady loop's rare keyframes walked it
   down until the call stepped down the quality ladder;
