@@ -344,8 +344,9 @@ class VideoSettings(_Section):
     shared_idle: bool = True
     idle_keyframe_interval_s: float = Field(default=0.48, gt=0, le=10)
     #: The steady idle loops' keyframe interval (``streaming/live/idle_sharing.py``): a
-    #: call moves to them from the joining loops above. 0 (or not more than the joining
-    #: interval) sends the joining loops only.
+    #: call whose caller sends transport-cc and whose link carries the full rate moves to
+    #: them from the joining loops above. 0 (or not more than the joining interval) sends
+    #: the joining loops only.
     idle_steady_keyframe_interval_s: float = Field(default=1.92, ge=0, le=60)
     idle_preset: X264Preset = "veryfast"
     idle_constant_quality: bool = True

@@ -22,10 +22,9 @@ at an IDR, so:
   rate the link is what limits the call, and a call that sends less while it listens
   stops finding out what the link carries: on a 600 kbit/s link the estimate rose to
   950 kbit/s and the answer's first frames overran the link. A caller that sends only
-  REMB (aiortc)
-  keeps to the joining loop: its estimate starts from what it received in its first 5 s
-  and then swings with what it receives, and the steady loop's rare keyframes walked it
-  down until the call stepped down the quality ladder;
+  REMB (aiortc) keeps to the joining loop: its estimate starts from what it received in
+  its first 5 s and then swings with what it receives, and the steady loop's rare
+  keyframes walked it down until the call stepped down the quality ladder;
 * the first frame with a face (speech) leaves the loop: the call's own encoder makes an
   IDR;
 * a keyframe request (PLI/FIR) while sharing is answered by the nearer keyframe: the

@@ -96,7 +96,8 @@ class LipstreamH264Encoder(H264Encoder):
         #: The least time between two IDRs a caller's PLI/FIR may ask for.
         self.keyframe_interval_s = 0.0
         #: Whether the call may settle on a steady idle loop (few keyframes): the link
-        #: says yes once transport-cc feedback drives its estimate (idle_sharing.py).
+        #: says yes while transport-cc feedback drives its estimate and the estimate is
+        #: at the full rate (``streaming/live/idle_sharing.py``).
         self.steady_idle = False
         self.keyframe_requests = 0
         self.keyframe_requests_ignored = 0
