@@ -112,6 +112,7 @@ while time.time() < end:
 # Runs in the page (the server's origin): call, then record what the module docstring says.
 PAGE_SCRIPT = """
 async ({avatar, box, frameSize}) => {
+  const {withOpusDtx} = await import('/static/lipstream.js');
   const ctx = new AudioContext({sampleRate: 48000});
   const mic = await navigator.mediaDevices.getUserMedia({audio: {
     echoCancellation: false, noiseSuppression: false, autoGainControl: false}});
@@ -129,7 +130,8 @@ async ({avatar, box, frameSize}) => {
   });
   const response = await fetch('/offer', {method: 'POST',
     headers: {'content-type': 'application/json'},
-    body: JSON.stringify({sdp: pc.localDescription.sdp, type: 'offer', avatar})});
+    // As the demo page's lipstream.js: the avatar's silence as Opus DTX.
+    body: JSON.stringify({sdp: withOpusDtx(pc.localDescription.sdp), type: 'offer', avatar})});
   const answer = await response.json();
   await pc.setRemoteDescription({type: answer.type, sdp: answer.sdp});
   await gotAudio;

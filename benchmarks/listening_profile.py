@@ -1,6 +1,6 @@
 """One listening call, profiled end to end: where its CPU goes while the avatar is silent.
 
-    .venv/bin/python -m benchmarks.listening_profile [--seconds 20] [--caller mic|none]
+    .venv/bin/python -m benchmarks.listening_profile [--seconds 20] [--caller mic|none|browser]
     .venv/bin/python -m benchmarks.listening_profile --speaking
     .venv/bin/python -m benchmarks.listening_profile --ab BASE CANDIDATE [--rounds 3]
 
@@ -9,7 +9,10 @@ avatar at 1280×720) and one call is placed by the load client in another proces
 (``benchmarks.webrtc_load``). Its caller is silent: ``--caller mic`` (the default) sends
 a silent WAV as its microphone, which reaches the server as Opus (decoded, not quite
 digital zeros); ``--caller none`` sends no microphone, and the client pushes digital
-silence over HTTP instead, as a call nobody speaks into. ``--speaking`` sends the
+silence over HTTP instead, as a call nobody speaks into; ``--caller browser`` places the
+call from Debian's Chromium with the demo page's ``lipstream.js`` (a silent WAV as its
+microphone; ``apt-get install -y chromium``), as a browser user's call costs the server
+(Opus DTX both ways, transport-cc). ``--speaking`` sends the
 bundled speech as the microphone: the speaking reference. The window starts once the
 avatar's shared idle loops are built (their thread has been idle for a second), and
 reads:
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -57,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ab import _checkout
+from benchmarks.chromium import caller_pages
 from benchmarks.common import Result, print_table
 from benchmarks.live_cpu import Patch, live_stages, stage_cpu
 from benchmarks.live_server import (
@@ -70,6 +75,21 @@ from benchmarks.live_server import (
 from inference_core.assets.demo_avatar import write_demo_avatar
 
 SIZE = (1280, 720)
+#: ``--caller browser``: the demo page's client library places the call in Chromium, its
+#: microphone a silent WAV, and a muted video element plays what comes back.
+BROWSER_CALL = """
+async () => {
+  const mic = await navigator.mediaDevices.getUserMedia({audio: {
+    echoCancellation: false, noiseSuppression: false, autoGainControl: false}});
+  const {connect} = await import('/static/lipstream.js');
+  const call = await connect({microphone: mic});
+  const video = document.createElement('video');
+  video.srcObject = call.stream; video.muted = true;
+  document.body.appendChild(video);
+  await video.play();
+  window.__call = call;
+}
+"""
 WARM_UP_S = 3.0
 #: The thread that builds shared idle loops in the background (issue 26): the window
 #: starts once it has been idle for a second.
@@ -232,18 +252,25 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
     settle_s = 240.0  # the load client keeps its call this much longer
     if speaking:
         write_speech(audio, seconds + settle_s + 20)
-    elif caller == "mic":
+    elif caller in ("mic", "browser"):
         write_silence(audio, seconds + settle_s + 20)
     else:  # pushed once: a second of zeros, then nothing (the timeline fills in zeros)
         write_silence(audio, 1.0)
-    async with live_server(root) as (app, url):
-        client = await start_load(
-            url,
-            calls=1,
-            seconds=seconds + settle_s,
-            speech=audio,
-            microphone=speaking or caller == "mic",
-        )
+    async with contextlib.AsyncExitStack() as stack:
+        app, url = await stack.enter_async_context(live_server(root))
+        if caller == "browser":
+            client = None
+            (page,) = await stack.enter_async_context(caller_pages(audio, 1))
+            await page.goto(url + "/")
+            await page.evaluate(BROWSER_CALL)
+        else:
+            client = await start_load(
+                url,
+                calls=1,
+                seconds=seconds + settle_s,
+                speech=audio,
+                microphone=speaking or caller == "mic",
+            )
         (session,) = await wait_for_calls(app, 1, lambda s: s.frames_sent > 0)
         await asyncio.sleep(WARM_UP_S)
         waited = await background_settled(timeout_s=settle_s - seconds)
@@ -261,9 +288,10 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
             loop_s, loop_n = dict(callbacks), dict(callback_calls)
         frames = session.frames_sent - sent0
         inferred = session.stats.frames_inferred - inferred0
-        if client.returncode is None:  # it would hold the call for the rest of its time
-            client.terminate()
-        await client.wait()
+        if client is not None:
+            if client.returncode is None:  # it would hold the call for the rest of its time
+                client.terminate()
+            await client.wait()
     if frames == 0:
         raise RuntimeError("no frame was sent in the window: see the load client's error")
     cpu = cpu1 - cpu0
@@ -447,7 +475,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--speaking", action="store_true", help="the caller speaks")
-    parser.add_argument("--caller", choices=["mic", "none"], default="mic")
+    parser.add_argument("--caller", choices=["mic", "none", "browser"], default="mic")
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--ab", nargs=2, metavar=("BASE", "CANDIDATE"))
     parser.add_argument("--rounds", type=int, default=3)

@@ -322,6 +322,10 @@ class AudioSettings(_Section):
     vad_threshold_db: float = Field(default=-45.0, ge=-100, le=0)
     hangover_frames: int = Field(default=4, ge=0)
     blend_frames: int = Field(default=3, ge=0)
+    #: Opus DTX both ways (``streaming/webrtc/dtx.py``): the answer asks the caller to
+    #: send no packets while silent (``usedtx=1``), and a caller whose offer asks for it
+    #: gets the avatar's silence as DTX.
+    dtx: bool = True
 
 
 #: libx264's presets, fastest first (NVENC maps each to one of its own).

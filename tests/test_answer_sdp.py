@@ -1,4 +1,5 @@
-"""What the answer adds to aiortc's: transport-cc when offered, Opus in-band FEC."""
+"""What the answer adds to aiortc's (transport-cc when offered, Opus in-band FEC and DTX),
+and what the offer asks of our audio (DTX)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from streaming.webrtc.answer_sdp import (
     abs_send_time_id,
     extension_id,
     offers_transport_cc,
-    with_opus_fec,
+    with_opus_params,
     with_transport_cc,
 )
+from streaming.webrtc.offer_check import OfferLimits, check_offer
 
 #: An offer as Chromium makes one (trimmed to what matters: BUNDLE, Opus, H.264, RTX,
 #: its header extensions and feedback), host candidates only.
@@ -81,7 +83,7 @@ async def test_the_offers_transport_cc_is_found_and_named_in_every_section() -> 
         await pc.close()
     assert "transport-cc" not in answer  # aiortc knows no transport-cc
     assert abs_send_time_id(answer) == 2  # the offer's id for aiortc's abs-send-time
-    munged = with_opus_fec(with_transport_cc(answer, 3))
+    munged = with_opus_params(with_transport_cc(answer, 3), dtx=True)
     parsed = sdp.SessionDescription.parse(munged)  # still an SDP aiortc reads
     for media in parsed.media:
         assert extension_id(munged, TRANSPORT_CC_URI, media.kind) == 3
@@ -91,7 +93,9 @@ async def test_the_offers_transport_cc_is_found_and_named_in_every_section() -> 
     (audio,) = [m for m in parsed.media if m.kind == "audio"]
     (opus,) = [c for c in audio.rtp.codecs if c.name.lower() == "opus"]
     assert opus.parameters.get("useinbandfec") == 1
+    assert opus.parameters.get("usedtx") == "1"  # the caller's silence as DTX
     assert with_transport_cc(munged, 3) == munged  # nothing twice
+    assert with_opus_params(munged, dtx=True) == munged
 
 
 def test_an_offer_without_transport_cc_feedback_is_not_given_it() -> None:
@@ -103,6 +107,18 @@ def test_an_offer_without_transport_cc_feedback_is_not_given_it() -> None:
 
 def test_an_opus_format_without_parameters_gets_them() -> None:
     answer = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\na=rtpmap:96 opus/48000/2\r\n"
-    assert "a=fmtp:96 useinbandfec=1" in with_opus_fec(answer)
-    existing = answer + "a=fmtp:96 minptime=10\r\n"
-    assert "a=fmtp:96 minptime=10;useinbandfec=1" in with_opus_fec(existing)
+    assert "a=fmtp:96 useinbandfec=1;usedtx=1" in with_opus_params(answer, dtx=True)
+    assert "a=fmtp:96 useinbandfec=1\r\n" in with_opus_params(answer, dtx=False)
+    existing = answer + "a=fmtp:96 minptime=10;usedtx=0\r\n"  # the answer's own word stays
+    assert "a=fmtp:96 minptime=10;usedtx=0;useinbandfec=1\r\n" in with_opus_params(
+        existing, dtx=True
+    )
+
+
+def test_an_offer_asking_for_opus_dtx_is_told_apart() -> None:
+    plain = check_offer(CHROMIUM_OFFER, OfferLimits())
+    assert not plain.opus_dtx  # usedtx defaults to 0 (RFC 7587): the caller gets 50 a second
+    asking = CHROMIUM_OFFER.replace("useinbandfec=1", "useinbandfec=1;usedtx=1")
+    assert check_offer(asking, OfferLimits()).opus_dtx
+    declining = CHROMIUM_OFFER.replace("useinbandfec=1", "useinbandfec=1;usedtx=0")
+    assert not check_offer(declining, OfferLimits()).opus_dtx

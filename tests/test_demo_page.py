@@ -129,6 +129,14 @@ def _session(server: TestServer) -> dict[str, Any]:
     return dataclasses.asdict(sessions[0].snapshot())
 
 
+def _dtx_slots(server: TestServer) -> int:
+    """Audio slots the one live session's DTX sent nothing for."""
+    assert server.app is not None
+    (session,) = server.app[SESSIONS].sessions
+    track = session.peer.audio_track if session.peer is not None else None
+    return 0 if track is None else track.dtx_slots
+
+
 async def _wait_until(predicate: Callable[[], bool], what: str) -> None:
     await until(predicate, what, poll_s=0.1)
 
@@ -214,6 +222,9 @@ async def test_say_sample_and_interrupt_without_microphone(server: TestServer, p
     avatar = page.locator("#avatar-speaking")
     assert _session(server)["frames_inferred"] == 0, "no microphone, nothing said: no inference"
     await expect(avatar).to_have_text("idle")
+    # lipstream.js asks for the avatar's silence as Opus DTX: the track sends none of it
+    # but its updates, and the speech below still plays, with its events.
+    await _wait_until(lambda: _dtx_slots(server) >= 50, "a second of silence sent as DTX")
 
     await page.get_by_label("Text to say").fill("Hello, I am the demo avatar.")
     async with page.expect_response(_request_to("POST", "say")) as said:

@@ -20,6 +20,7 @@ from streaming.audio_in.resample import resample_mono
 from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.compat import install_audio_receive_buffer, negotiated_codecs
+from streaming.webrtc.opus_decoder import OpusDecoder
 from streaming.webrtc.tracks import OpusChunkEncoder
 
 
@@ -277,3 +278,42 @@ def test_a_gap_of_several_packets_is_concealed_then_rebuilt(
     heard, buffer = _heard(packets, set(range(30, 40)))  # a pause longer than 5 packets
     assert (buffer.concealed, buffer.recovered) == (0, 0)
     assert len(heard) == len(complete) - 10 * CHUNK_SAMPLES
+
+
+#: What Chromium's Opus encoder sends for a silent microphone with DTX (``usedtx=1``):
+#: a comfort-noise update (captured from Debian's Chromium on a loopback call), then a
+#: 1-byte DTX frame, then nothing for 360 ms.
+CHROMIUM_SILENCE = bytes.fromhex(
+    "7807c979c8c957c0a21223faef67f32ee3d3d5e9ecdb3ebc80b66e2ab78c83cd83cd00"
+)
+
+
+@pytest.mark.parametrize("libopus", [True, False])
+def test_a_browsers_silence_a_bit_off_zero_is_heard_as_digital_silence(libopus: bool) -> None:
+    """libopus decodes Chromium's silent microphone to ±1 in 16 bits: passed on as zeros,
+    so the timeline's silence shortcuts hold for a browser caller; sound is untouched."""
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    buffer._use_libopus = libopus
+    payloads = [CHROMIUM_SILENCE, CHROMIUM_SILENCE[:1]] * 3
+    for number, payload in enumerate(payloads):
+        p = RtpPacket(payload_type=111, sequence_number=number, timestamp=960 * number)
+        p._data = payload  # type: ignore[attr-defined]
+        buffer.add(p)
+    raw = OpusDecoder() if libopus else None
+    if raw is not None:
+        assert 0 < np.abs(raw.decode(CHROMIUM_SILENCE)).max() <= 1 / 32768  # not zeros as sent
+    assert len(heard) == len(payloads)
+    assert all(len(samples) == CHUNK_SAMPLES and not samples.any() for samples in heard)
+    assert buffer.decoded == len(payloads)
+    # A quiet voice, 40 dB below full scale, is passed on as decoded.
+    quiet = (0.01 * np.sin(2 * np.pi * 440 * np.arange(CHUNK_SAMPLES * 5) / OUT_RATE)).astype(
+        np.float32
+    )
+    encoder = OpusChunkEncoder()
+    for i in range(5):
+        p = RtpPacket(payload_type=111, sequence_number=10 + i, timestamp=960 * (10 + i))
+        chunk = quiet[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+        p._data = bytes(encoder.encode(chunk, i))  # type: ignore[attr-defined]
+        buffer.add(p)
+    assert np.abs(heard[-1]).max() > 0.005

@@ -146,6 +146,7 @@ class LivePipeline:
         self._on_voice = on_voice
         self._frame_size = package.manifest.frame_size
         self._fade_frames = max(0, round(settings.video.switch_fade_s * self.fps))
+        self._dtx = settings.audio.dtx
         self._switched: _Switched | None = None  # a switch applied, until its dissolve is sent
         #: Called with ``n`` once video frame ``n`` is handed to aiortc (benchmarks time it).
         self.sent_listeners: list[Callable[[int], None]] = []
@@ -166,12 +167,23 @@ class LivePipeline:
                 stats.caller_audio_ms.append(1000 * (now() - arrived))
             return buffers.take_chunk(index)
 
+        def audio_quiet(first: int, last: int) -> int:
+            # A DTX track sleeps only through chunks no event or utterance waits for.
+            if speech.waiting:
+                return first - 1
+            waiting = ledger.first_waiting_chunk()
+            if waiting is not None:
+                last = min(last, waiting - 1)
+            return buffers.silent_until(first, last)
+
         return PeerMedia(
             clock=self.clock,
             fps=self.fps,
             frame_size=self._frame_size,
             video=self,
             audio=audio,
+            audio_quiet=audio_quiet,
+            dtx=self._dtx,
             caller_audio=self.mixer.feed_inbound,
             audio_loss=self.timeline.audio_loss,
         )

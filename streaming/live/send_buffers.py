@@ -58,6 +58,16 @@ class SendBuffers:
         sends silence: the chunk was made too late, or not at all)."""
         return index in self._chunks
 
+    def silent_until(self, first: int, last: int) -> int:
+        """The last chunk in ``first..last`` up to which every chunk is made and is the
+        silence frame (``first - 1`` if ``first`` is not): they will be sent as made."""
+        chunks = self._chunks
+        for index in range(first, last + 1):
+            packet = chunks.get(index)
+            if packet is None or bytes(packet) != SILENCE:
+                return index - 1
+        return last
+
     def take_chunk(self, index: int) -> av.Packet[Any]:
         """The packet for audio slot ``index`` (silence if none was made); older ones go."""
         for stale in [i for i in self._chunks if i < index]:

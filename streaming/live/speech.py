@@ -70,6 +70,11 @@ class SpeechEvents:
         self._sent_until_ms = (index + 1) * self._frame_ms
         self._release()
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a speech event waits for the audio or video track to send its media."""
+        return bool(self._waiting)
+
     def audio_sent(self, index: int) -> None:
         """The audio track took slot ``index`` (after the ledger counted it): an utterance
         whose frame went out and whose first (or last) chunk this was is told now."""

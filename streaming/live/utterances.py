@@ -195,6 +195,10 @@ class UtteranceLedger:
         while self._chunks and self._chunks[0][0] < chunk_index - MAX_WAITING_CHUNKS:
             self._drop(self._chunks.popleft()[1])
 
+    def first_waiting_chunk(self) -> int | None:
+        """The first made chunk that carries an utterance's samples to the caller, if any."""
+        return self._chunks[0][0] if self._chunks else None
+
     def chunk_sent(self, index: int, made: bool) -> None:
         """The audio track took slot ``index``: ``made``, the chunk's packet was there and
         went to the caller (else silence went). Chunks before it were skipped."""

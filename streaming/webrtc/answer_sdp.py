@@ -11,6 +11,9 @@ things a real network needs are not among them (``docs/architecture.md`` §19):
 - **Opus in-band FEC**: ``useinbandfec=1`` on the Opus format asks the caller to carry a
   copy of each voice frame in the next packet when it sees loss, which the receive path
   decodes (``webrtc/opus_decoder.py``).
+- **Opus DTX** (``audio.dtx``): ``usedtx=1`` asks the caller to send no audio packets
+  while it is silent, but a 1-byte one and a comfort-noise update every 400 ms
+  (``webrtc/dtx.py``).
 
 The SDP is edited as text, line by line within each media section, so nothing aiortc
 wrote is re-serialised.
@@ -96,8 +99,10 @@ def with_transport_cc(answer: str, ident: int) -> str:
     return _join(sections)
 
 
-def with_opus_fec(answer: str) -> str:
-    """``answer`` asking for Opus in-band FEC (``useinbandfec=1``) on each Opus format."""
+def with_opus_params(answer: str, *, dtx: bool) -> str:
+    """``answer`` asking for Opus in-band FEC (``useinbandfec=1``) on each Opus format,
+    and with ``dtx`` for DTX too (``usedtx=1``); parameters already there are kept."""
+    wanted = {"useinbandfec": "1", **({"usedtx": "1"} if dtx else {})}
     sections = _sections(answer)
     for section in sections[1:]:
         if _kind(section) != "audio":
@@ -109,13 +114,16 @@ def with_opus_fec(answer: str) -> str:
                 match = _FMTP.match(line)
                 if match and match.group(1) == pt:
                     params = match.group(2).strip()
-                    if "useinbandfec" not in params:
-                        joined = f"{params};useinbandfec=1" if params else "useinbandfec=1"
-                        section[index] = f"a=fmtp:{pt} {joined}"
+                    named = {p.split("=", 1)[0].strip().lower() for p in params.split(";")}
+                    extra = [f"{k}={v}" for k, v in wanted.items() if k not in named]
+                    section[index] = f"a=fmtp:{pt} " + ";".join(
+                        ([params] if params else []) + extra
+                    )
                     break
             else:
                 at = max(i for i, line in enumerate(section) if line.startswith(f"a=rtpmap:{pt} "))
-                section.insert(at + 1, f"a=fmtp:{pt} useinbandfec=1")
+                fmtp = ";".join(f"{k}={v}" for k, v in wanted.items())
+                section.insert(at + 1, f"a=fmtp:{pt} {fmtp}")
     return _join(sections)
 
 

@@ -33,6 +33,12 @@ A caller that sends digital silence (a muted microphone, an app's text-to-speech
 between utterances) sends the same small Opus packet over and over. Once that payload
 has decoded to zeros twice running, the decoder is at rest on it: the same payload again
 is zeros of the same length without decoding (a listening call, issue 26).
+
+A browser's silence is not quite zeros: libopus decodes Chromium's silent microphone
+(a muted track, or with DTX its comfort-noise updates and 1-byte DTX frames) to samples
+of ±1 in 16 bits, −90 dBFS. Decoded audio within :data:`SILENCE_FLOOR` of zero is
+passed on as zeros, so such a caller gets every shortcut a digitally silent one does
+(``docs/architecture.md`` §2, §16); nothing that quiet can be heard.
 """
 
 from __future__ import annotations
@@ -57,6 +63,14 @@ MAX_CONCEALED = 5
 
 
 _S16_SCALE = np.float32(1 / 32768)
+#: Decoded audio no sample of which is further from zero than this (2 steps of 16-bit
+#: audio, −84 dBFS) is digital silence (module doc).
+SILENCE_FLOOR = np.float32(2 / 32768)
+
+
+def _silent(samples: np.ndarray) -> bool:
+    """Whether every sample is within :data:`SILENCE_FLOOR` of zero."""
+    return bool(samples.max() <= SILENCE_FLOOR and samples.min() >= -SILENCE_FLOOR)
 
 
 class ArrivalOrderAudioBuffer:
@@ -171,8 +185,9 @@ class ArrivalOrderAudioBuffer:
                 logger.debug("undecodable Opus packet from the caller: %s", exc)
                 return
             self.decoded += 1
-            self._decode_into(samples)
-            self._note_zeros(data, len(samples), not samples.any())
+            zeros = _silent(samples)
+            self._decode_into(np.zeros_like(samples) if zeros else samples)
+            self._note_zeros(data, len(samples), zeros)
             return
         if self._decoder is None:
             decoder = av.CodecContext.create("libopus", "r")
@@ -192,8 +207,13 @@ class ArrivalOrderAudioBuffer:
                 samples = samples.astype(np.float32) * _S16_SCALE
             self.decoded += 1
             count += len(samples)
-            zeros = zeros and not np.any(samples)
-            self._decode_into(samples.astype(np.float32, copy=False))
+            silent = _silent(samples)
+            zeros = zeros and silent
+            self._decode_into(
+                np.zeros(len(samples), np.float32)
+                if silent
+                else samples.astype(np.float32, copy=False)
+            )
         self._note_zeros(data, count, zeros)
 
     def _note_zeros(self, data: bytes, count: int, zeros: bool) -> None:

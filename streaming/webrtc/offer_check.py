@@ -44,6 +44,8 @@ class OfferInfo:
 
     kinds: frozenset[str]
     offers_h264: bool
+    #: The caller asks for Opus DTX (``usedtx=1`` on its first Opus format).
+    opus_dtx: bool = False
 
 
 def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
@@ -55,7 +57,7 @@ def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
         raise OfferError(f"the offer cannot be parsed: {exc!r}"[:300]) from None
     kinds: list[str] = []
     mids: set[str] = set()
-    offers_h264 = False
+    offers_h264 = opus_dtx = False
     for number, media in enumerate(description.media, start=1):
         where = f"media section {number} ({media.kind})"
         if media.kind not in (*_CODECS, "application"):
@@ -97,12 +99,15 @@ def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
             wanted = ", ".join(sorted(_CODECS[media.kind]))
             raise OfferError(f"{where}: offers none of the codecs we speak ({wanted})")
         offers_h264 = offers_h264 or "video/h264" in codecs
+        if media.kind == "audio":
+            opus = [c for c in media.rtp.codecs if str(c.mimeType).lower() == "audio/opus"]
+            opus_dtx = bool(opus) and str(opus[0].parameters.get("usedtx")) == "1"
     if "video" not in kinds:
         raise OfferError("the offer has no video section: add a recvonly video transceiver")
     for group in description.group:
         if group.semantic == "BUNDLE" and set(map(str, group.items)) != mids:
             raise OfferError("a=group:BUNDLE must list exactly the offer's media sections")
-    return OfferInfo(frozenset(kinds), offers_h264)
+    return OfferInfo(frozenset(kinds), offers_h264, opus_dtx)
 
 
 def _check_text(sdp: str, limits: OfferLimits) -> None:

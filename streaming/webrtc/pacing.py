@@ -68,6 +68,10 @@ class SessionClock:
         """When media for ``audio_time_s`` on the session timeline is handed to aiortc."""
         return self.started() + self.delay_s + audio_time_s
 
+    def slots_due(self, period_s: float) -> int:
+        """How many slots of ``period_s`` are due by now (0 before the first)."""
+        return max(0, math.floor((self.now() - self.due(0.0)) / period_s) + 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Slot:

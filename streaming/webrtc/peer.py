@@ -53,7 +53,7 @@ from aiortc.mediastreams import MediaStreamError
 from streaming.audio_rates import OUT_RATE
 from streaming.exceptions import OfferError
 from streaming.link import LinkController
-from streaming.webrtc.answer_sdp import with_opus_fec
+from streaming.webrtc.answer_sdp import with_opus_params
 from streaming.webrtc.audio_receive import ArrivalOrderAudioBuffer
 from streaming.webrtc.call_link import open_link
 from streaming.webrtc.compat import (
@@ -76,6 +76,7 @@ from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.pacing import SessionClock
 from streaming.webrtc.rtp_receive import DirectReceive
 from streaming.webrtc.tracks import (
+    AudioQuiet,
     AvatarAudioTrack,
     AvatarVideoTrack,
     PacketSource,
@@ -120,7 +121,10 @@ class PeerMedia:
     ``video`` gives frame ``n`` of a ``frame_size`` avatar at ``fps``; ``audio`` gives
     chunk ``n``'s Opus packet; ``caller_audio`` takes the caller's audio as float32
     48 kHz mono, as it arrives; ``audio_loss`` hears the share of our audio packets the
-    caller reports lost (the Opus encoder adds FEC for it).
+    caller reports lost (the Opus encoder adds FEC for it); with ``dtx`` the answer asks
+    the caller for Opus DTX and a caller that asks for it gets the avatar's silence as
+    DTX, its track sleeping through what ``audio_quiet`` says is silence
+    (:mod:`~streaming.webrtc.dtx`).
     """
 
     clock: SessionClock
@@ -130,6 +134,8 @@ class PeerMedia:
     audio: PacketSource
     caller_audio: Callable[[np.ndarray], None]
     audio_loss: Callable[[float], None] | None = None
+    audio_quiet: AudioQuiet | None = None
+    dtx: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,7 +275,11 @@ class Peer:
                     on_audio_loss=media.audio_loss,
                 )
                 self._tasks.spawn("link", self.link.run())  # ends with the call
-        self._answer = with_opus_fec(answer) if self._audio is not None else answer
+        if self._audio is not None:
+            if media.dtx and offer.opus_dtx:
+                self._audio.send_dtx(media.audio_quiet)
+            answer = with_opus_params(answer, dtx=media.dtx)
+        self._answer = answer
 
     def _decode_on_arrival(
         self, transceiver: RTCRtpTransceiver, into: Callable[[np.ndarray], None]
@@ -327,6 +337,11 @@ class Peer:
             self._tasks.end("connection closed")
 
     # -- figures ----------------------------------------------------------------------
+
+    @property
+    def audio_track(self) -> AvatarAudioTrack | None:
+        """The avatar's audio track, when the caller negotiated audio."""
+        return self._audio
 
     @property
     def answer_sdp(self) -> str:

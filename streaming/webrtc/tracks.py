@@ -25,6 +25,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE
+from streaming.webrtc.dtx import OpusDtx
 from streaming.webrtc.pacing import SessionClock, wait_for_slot
 
 if TYPE_CHECKING:
@@ -132,6 +133,9 @@ class AvatarVideoTrack(MediaStreamTrack):
 
 
 PacketSource = Callable[[int], "av.Packet[Any]"]
+#: ``quiet(first, last)``: the last slot in ``first..last`` up to which every chunk is
+#: sure to be silence (made, silent, waited for by nothing); ``first - 1`` if none is.
+AudioQuiet = Callable[[int, int], int]
 
 
 class OpusChunkEncoder:
@@ -255,7 +259,14 @@ SILENCE = OpusChunkEncoder().silence_packet
 
 class AvatarAudioTrack(MediaStreamTrack):
     """The session's audio timeline, delayed to match the video, as 20 ms Opus packets
-    from ``source``; a source that fails is reported to ``on_failure`` (``audio send``)."""
+    from ``source``; a source that fails is reported to ``on_failure`` (``audio send``).
+
+    After :meth:`send_dtx`, the avatar's silence goes out as Opus DTX
+    (:mod:`~streaming.webrtc.dtx`), and the track sleeps through the slots that send
+    nothing, as far as ``quiet`` says the chunks are sure to be silence: the track never
+    sleeps past a chunk not made yet, one with sound, or one an utterance or a speech
+    event waits for, so those slots are taken from ``source`` on time, as before.
+    """
 
     kind = "audio"
 
@@ -265,22 +276,54 @@ class AvatarAudioTrack(MediaStreamTrack):
         self._source = source
         self._on_failure = on_failure
         self._next = 0
+        self._dtx: OpusDtx | None = None
+        self._quiet: AudioQuiet | None = None
+        self._sleeping_from: int | None = None  # the first slot of a DTX sleep
         self.chunks_skipped = 0
+        self.dtx_slots = 0  # slots DTX sent nothing for
+
+    def send_dtx(self, quiet: AudioQuiet | None) -> None:
+        """Send silence as DTX from now on (the caller asked: ``usedtx=1``)."""
+        self._dtx = OpusDtx(SILENCE)
+        self._quiet = quiet
 
     @property
     def next_index(self) -> int:
-        """The next 20 ms chunk this track will send."""
-        return self._next
+        """The next 20 ms chunk this track will send (in a DTX sleep: the slot due now,
+        since the track has already decided the slots up to its wake-up)."""
+        if self._sleeping_from is None:
+            return self._next
+        due = self._clock.slots_due(AUDIO_CHUNK_S)
+        return max(self._sleeping_from, min(self._next, due))
 
     async def recv(self) -> av.Packet[Any]:
-        if self.readyState != "live":
-            raise MediaStreamError
-        slot = await wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
-        self.chunks_skipped += slot.skipped
-        self._next = slot.index + 1
-        try:
-            return self._source(slot.index)
-        except Exception as exc:
-            self._on_failure("audio send", exc)
-            self.stop()
-            raise MediaStreamError from exc
+        while True:
+            if self.readyState != "live":
+                raise MediaStreamError
+            slot = await wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
+            self._sleeping_from = None
+            self.chunks_skipped += slot.skipped
+            index = slot.index
+            self._next = index + 1
+            try:
+                packet = self._source(index)
+            except Exception as exc:
+                self._on_failure("audio send", exc)
+                self.stop()
+                raise MediaStreamError from exc
+            if self._dtx is None:
+                return packet
+            payload = bytes(packet)
+            sent = self._dtx.payload(index, payload)
+            if sent is payload:
+                return packet
+            if sent is not None:
+                return stamped(sent, index)
+            self.dtx_slots += 1
+            wake = self._dtx.next_send(index)
+            if self._quiet is not None and wake > index + 1:
+                wake = min(wake, self._quiet(index + 1, wake - 1) + 1)
+            if wake > index + 1:
+                self._sleeping_from = index + 1
+            self.dtx_slots += wake - index - 1  # the slots slept through
+            self._next = wake

@@ -203,6 +203,23 @@ export async function openMicrophone({ raw = false } = {}) {
   }
 }
 
+/**
+ * `sdp` asking for the avatar's silence as Opus DTX (`usedtx=1`, RFC 7587): while the
+ * avatar listens the server sends two audio packets per 400 ms instead of 50 a second,
+ * and the browser plays that silence as it does in any WebRTC call. Only the copy sent
+ * to the server changes; the browser's own description is left as it made it.
+ */
+export function withOpusDtx(sdp) {
+  const pt = /^a=rtpmap:(\d+) opus\//im.exec(sdp)?.[1];
+  if (!pt) return sdp;
+  const fmtp = new RegExp(`^a=fmtp:${pt} (.*)$`, "m");
+  const line = fmtp.exec(sdp);
+  if (line) {
+    return /(^|;)\s*usedtx=/.test(line[1]) ? sdp : sdp.replace(fmtp, (found) => `${found};usedtx=1`);
+  }
+  return sdp.replace(new RegExp(`^(a=rtpmap:${pt} .*)$`, "m"), `$1\r\na=fmtp:${pt} usedtx=1`);
+}
+
 /** Resolve once ICE gathering is complete, or after timeoutMs with what was gathered. */
 function iceGatheringComplete(pc, timeoutMs) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
@@ -246,6 +263,8 @@ function abortError(signal) {
  * @param {boolean} [options.receiveAudio=true] receive the avatar's audio with the video
  * @param {boolean} [options.dataChannel=true] open the `lipstream` data channel: speech
  *   events arrive on the call, and interrupt() uses it
+ * @param {boolean} [options.opusDtx=true] ask for the avatar's silence as Opus DTX
+ *   (`usedtx=1`: few audio packets while it listens; see withOpusDtx)
  * @param {number} [options.iceGatheringTimeoutMs=5000] send the offer after this long
  *   even if ICE gathering has not completed
  * @param {number} [options.connectTimeoutMs=20000] how long the media connection may take
@@ -260,6 +279,7 @@ export async function connect({
   microphone = null,
   receiveAudio = true,
   dataChannel = true,
+  opusDtx = true,
   iceGatheringTimeoutMs = DEFAULT_ICE_GATHERING_TIMEOUT_MS,
   connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
   signal,
@@ -284,7 +304,11 @@ export async function connect({
     const offer = pc.localDescription;
     // Not aborted midway: the server may have made the session, and only its answer names it.
     const answer = await request(baseUrl, "POST", "offer", {
-      json: { sdp: offer.sdp, type: offer.type, avatar: avatar || undefined },
+      json: {
+        sdp: opusDtx ? withOpusDtx(offer.sdp) : offer.sdp,
+        type: offer.type,
+        avatar: avatar || undefined,
+      },
       token,
     });
     call._started(answer, avatar);
