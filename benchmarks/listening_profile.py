@@ -288,6 +288,8 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
             loop_s, loop_n = dict(callbacks), dict(callback_calls)
         frames = session.frames_sent - sent0
         inferred = session.stats.frames_inferred - inferred0
+        link = session.peer.link if session.peer is not None else None
+        link_note = "" if link is None else link_summary(link)
         if client is not None:
             if client.returncode is None:  # it would hold the call for the rest of its time
                 client.terminate()
@@ -313,6 +315,7 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
         "frames_sent": frames,
         "fps": frames / (t1 - t0),
         "inferred_share": inferred / frames,
+        "link": link_note,
         "server_ms_per_frame": cpu * per_frame,
         "threads_ms": scaled(threads),
         "callbacks_ms": scaled(loop_s),
@@ -320,6 +323,14 @@ async def _profile(root: Path, seconds: float, speaking: bool, caller: str) -> R
         "stages_ms": scaled(stage_s),
         "stages_per_frame": {k: n / frames for k, n in stage_n.items()},
     }
+
+
+def link_summary(link: Any) -> str:
+    """What the call's link was doing at the window's end: what drives its estimate,
+    the estimate, and whether the call may settle on a steady idle loop."""
+    snapshot = link.snapshot()
+    steady = getattr(getattr(link, "_encoder", None), "steady_idle", None)
+    return f"{snapshot.mode}, {snapshot.estimate_bps // 1000} kbit/s, steady idle {steady}"
 
 
 def profile(
@@ -356,6 +367,7 @@ def print_profile(result: Result, top: int = 14) -> None:
             "fps",
             "inferred / sent",
             "server CPU ms / frame",
+            "link at the end",
         ],
         [
             [
@@ -365,6 +377,7 @@ def print_profile(result: Result, top: int = 14) -> None:
                 result["fps"],
                 f"{100 * result['inferred_share']:.0f}%",
                 result["server_ms_per_frame"],
+                result.get("link", ""),
             ]
         ],
     )

@@ -20,8 +20,8 @@ from aiortc.rtp import (
     unwrap_rtx,
 )
 
-from streaming.link import LinkController, MediaSender, Pacer, Streams
-from streaming.link.controller import AUDIO_BPS, KEYFRAME_MIN_INTERVAL_S
+from streaming.link import LinkController, MediaSender, Mode, Pacer, Streams
+from streaming.link.controller import AUDIO_BPS, KEYFRAME_MIN_INTERVAL_S, steady_idle
 from streaming.link.rtcp_bytes import PSFB, split_compound
 from streaming.link.rtp_bytes import parse_rtp
 from streaming.link.sender import NTP_EPOCH_OFFSET
@@ -177,3 +177,12 @@ async def test_a_video_sr_says_when_its_frame_was_handed_over_and_gives_the_roun
     assert encoder.keyframe_interval_s == max(KEYFRAME_MIN_INTERVAL_S, 1.5 * 0.1)
     assert audio_loss == [26 / 256]  # the audio's loss, for its FEC
     assert parse_rtp(wire.sent[0]).ssrc == VIDEO
+
+
+def test_a_call_moves_to_the_steady_loops_at_the_full_rate_and_stays_through_a_waver() -> None:
+    full = 2_631_579
+    assert steady_idle(Mode.TRANSPORT_CC, full, full, was=False)
+    assert not steady_idle(Mode.TRANSPORT_CC, full - 1, full, was=False)  # below: joining
+    assert steady_idle(Mode.TRANSPORT_CC, round(0.95 * full), full, was=True)  # a waver
+    assert not steady_idle(Mode.TRANSPORT_CC, round(0.8 * full), full, was=True)  # a drop
+    assert not steady_idle(Mode.REMB, full, full, was=True)  # never on a REMB

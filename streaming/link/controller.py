@@ -67,6 +67,9 @@ VIDEO_HEADERS = 0.05
 KEYFRAME_RTTS = 1.5
 KEYFRAME_MIN_INTERVAL_S = 0.1
 TICK_S = 0.2
+#: A call on the steady idle loops keeps to them while its estimate stays above this
+#: share of the full rate (it moves there only at the full rate: :func:`steady_idle`).
+STEADY_KEEP = 0.85
 
 
 class LinkedEncoder(Protocol):
@@ -85,6 +88,22 @@ class LinkedEncoder(Protocol):
     def target_bitrate(self) -> int: ...
 
     def set_link(self, scale: float, fps: int, bitrate: int) -> None: ...
+
+
+def steady_idle(mode: Mode, estimate_bps: int, full_bps: int, *, was: bool) -> bool:
+    """Whether a listening call may settle on the steady idle loops
+    (``streaming/live/idle_sharing.py``).
+
+    Only on an estimate of our own, and only at the full rate: a REMB grows with what
+    the caller receives and swings with it, so a steady idle loop's rare keyframes walked
+    it, and the call, down; and below the full rate the link is what limits the call,
+    which a call sending less would stop finding out. Once there, a call stays while its
+    estimate holds above :data:`STEADY_KEEP` of the full rate: an estimate at the top
+    wavers by a few percent, and each move between the loops costs a keyframe.
+    """
+    if mode is not Mode.TRANSPORT_CC:
+        return False
+    return estimate_bps >= (STEADY_KEEP * full_bps if was else full_bps)
 
 
 @dataclass(frozen=True)
@@ -191,14 +210,10 @@ class LinkController:
         self._set(step, self.ladder.bitrate(budget))
         rtt = self.estimator.rtt_s
         self._encoder.keyframe_interval_s = max(KEYFRAME_MIN_INTERVAL_S, KEYFRAME_RTTS * rtt)
-        # only an estimate of our own, and only at the full rate: a REMB grows with what
-        # the caller receives and swings with it, so a steady idle loop's rare keyframes
-        # walked it, and the call, down; and below the full rate the link is what limits
-        # the call, which a call sending less would stop finding out (idle_sharing.py)
-        self._encoder.steady_idle = (
-            estimator.mode is Mode.TRANSPORT_CC
-            and estimator.estimate_bps >= estimator.limits.max_bps
-        )
+        self._encoder.steady_idle = steady_idle(
+            estimator.mode, estimator.estimate_bps, estimator.limits.max_bps,
+            was=self._encoder.steady_idle,
+        )  # fmt: skip
 
     def _set(self, step: Step, bitrate: int) -> None:
         top = self.ladder.steps[0]
