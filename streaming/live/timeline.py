@@ -88,13 +88,12 @@ class Made(Generic[T]):
 
 #: The most chunks (of 20 ms) one job makes when the timeline catches up.
 MAX_CHUNKS_PER_JOB = 25
-#: The most chunks of digital silence whose features wait for the next job (320 ms):
+#: The most chunks of digital silence whose features wait for the next job (200 ms):
 #: what that job makes first when speech starts (≈ 100 µs a chunk on the development VM).
-MAX_SILENT_DEFERRED = 16
-#: The most chunks a timeline whose chunks wait sleeps through before making them (160
-#: ms): the caller's zeros queue in the mixer meanwhile, under its inbound bound (200 ms;
-#: a caller with DTX sends none). Each wake-up costs far more than its chunks' work.
-MAX_SILENT_NAP = 8
+MAX_SILENT_DEFERRED = 10
+#: The most chunks a timeline whose chunks wait sleeps through before making them (100
+#: ms): the caller's zeros queue in the mixer meanwhile, well under its inbound bound.
+MAX_SILENT_NAP = 5
 
 
 @dataclass(frozen=True)
