@@ -139,6 +139,33 @@ async def _hang_up(page: Page, server: TestServer) -> None:
     assert _live_sessions(server) == 0
 
 
+async def test_the_offer_asks_for_the_avatars_silence_as_opus_dtx(
+    server: TestServer, page: Page
+) -> None:
+    """``connect`` sends its offer through ``withOpusDtx`` (``docs/architecture.md`` §6)."""
+    await page.evaluate(IMPORT_CLIENT, _base(server))
+    head = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
+    tail = "m=video 9 UDP/TLS/RTP/SAVPF 96\r\na=fmtp:96 x=1\r\n"
+    offers = [
+        head + "a=fmtp:111 minptime=10;useinbandfec=1\r\n" + tail,  # as Chromium offers
+        head + tail,
+        head + "a=fmtp:111 usedtx=0\r\n" + tail,
+    ]
+    munged = await page.evaluate(
+        """([chromium, bare, declined]) => {
+          const dtx = window.lipstream.withOpusDtx;
+          return [dtx(chromium), dtx(dtx(chromium)), dtx(bare), dtx(declined)];
+        }""",
+        offers,
+    )
+    chromium, twice, bare, declined = munged
+    assert "a=fmtp:111 minptime=10;useinbandfec=1;usedtx=1\r\n" in chromium
+    assert twice == chromium
+    assert "a=rtpmap:111 opus/48000/2\r\na=fmtp:111 usedtx=1\r\n" in bare
+    assert "a=fmtp:96 x=1\r\n" in bare  # the video section is left alone
+    assert "usedtx=1" not in declined  # an app's own word stays
+
+
 async def test_say_and_interrupt_send_speech_events_over_the_data_channel(
     server: TestServer, page: Page
 ) -> None:
