@@ -176,7 +176,9 @@ async def test_malformed_requests_are_refused_while_a_call_speaks_on(
 
         state = await until(lambda: session_state(server.http, caller.session_id), spoke_on)
         assert state["state"] == "streaming"
-        faults = set(state["frames_dropped"]) - {"late", "not_ready"}
+        # late, not_ready and overload (too many in flight after a stall) are a busy
+        # machine's drops (streaming/live/renderer.py); anything else is a fault.
+        faults = set(state["frames_dropped"]) - {"late", "not_ready", "overload"}
         assert not faults, state["frames_dropped"]
     finally:
         await caller.close()

@@ -383,6 +383,7 @@ async def _settles_on_the_steady_loop(
     sharing = manager.get(session_id).pipeline.sharing
     assert sharing is not None
     await until(lambda: sharing.keyframe_every == STEADY_EVERY, "the steady idle loop")
+    await call.state()  # the phase's counters from now, not the last poll's (seconds ago)
     before = await call._phase("silence", True)
     start = before.state["frames_shared"]
 
