@@ -1,6 +1,6 @@
 """Server CPU per frame of K listening calls on one avatar, together.
 
-    .venv/bin/python -m benchmarks.many_listening [--calls 4] [--seconds 10]
+    .venv/bin/python -m benchmarks.many_listening [--calls 4] [--seconds 10] [--caller browser]
 
 A real server in this process, on the event loop ``lipstream serve`` uses
 (:func:`~benchmarks.live_server.run_as_served`), the demo avatar at 1280×720, and K calls
@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.chromium import caller_pages
 from benchmarks.common import Result
-from benchmarks.listening_profile import WARM_UP_S, background_settled, write_silence
+from benchmarks.listening_profile import (
+    BROWSER_CALL,
+    WARM_UP_S,
+    background_settled,
+    write_silence,
+)
 from benchmarks.live_server import (
     cpu_seconds,
     live_server,
@@ -34,40 +41,51 @@ from benchmarks.live_server import (
 from inference_core.assets.demo_avatar import write_demo_avatar
 
 
-async def _measure(root: Path, calls: int, seconds: float) -> Result:
+async def _measure(root: Path, calls: int, seconds: float, caller: str) -> Result:
     audio = root / "caller.wav"
     write_silence(audio, seconds + 120)
-    async with live_server(root) as (app, url):
-        client = await start_load(
-            url, calls=calls, seconds=seconds + 100, speech=audio, microphone=True
-        )
-        try:
-            sessions = await wait_for_calls(app, calls, lambda s: s.frames_sent > 0)
-            await asyncio.sleep(WARM_UP_S)
-            await background_settled(timeout_s=60)
-            sent0, cpu0, t0 = sum(s.frames_sent for s in sessions), cpu_seconds(), time.monotonic()
-            await asyncio.sleep(seconds)  # the window measured
-            sent = sum(s.frames_sent for s in sessions) - sent0
-            cpu, window = cpu_seconds() - cpu0, time.monotonic() - t0
-        finally:
-            client.kill()
-            await client.wait()
-    return {"calls": calls, "ms_per_frame": cpu * 1000 / sent, "fps": sent / window / calls}
+    async with contextlib.AsyncExitStack() as stack:
+        app, url = await stack.enter_async_context(live_server(root))
+        if caller == "browser":
+            pages = await stack.enter_async_context(caller_pages(audio, calls))
+            for page in pages:
+                await page.goto(url + "/")
+                await page.evaluate(BROWSER_CALL)
+        else:
+            client = await start_load(
+                url, calls=calls, seconds=seconds + 100, speech=audio, microphone=True
+            )
+            stack.push_async_callback(client.wait)
+            stack.callback(client.kill)
+        sessions = await wait_for_calls(app, calls, lambda s: s.frames_sent > 0)
+        await asyncio.sleep(WARM_UP_S)
+        await background_settled(timeout_s=60)
+        sent0, cpu0, t0 = sum(s.frames_sent for s in sessions), cpu_seconds(), time.monotonic()
+        await asyncio.sleep(seconds)  # the window measured
+        sent = sum(s.frames_sent for s in sessions) - sent0
+        cpu, window = cpu_seconds() - cpu0, time.monotonic() - t0
+    return {
+        "calls": calls,
+        "caller": caller,
+        "ms_per_frame": cpu * 1000 / sent,
+        "fps": sent / window / calls,
+    }
 
 
-def run(calls: int = 4, seconds: float = 10.0) -> Result:
+def run(calls: int = 4, seconds: float = 10.0, caller: str = "mic") -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_demo_avatar(root / "avatars" / "demo", size=(1280, 720))
-        return run_as_served(_measure(root, calls, seconds))
+        return run_as_served(_measure(root, calls, seconds, caller))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--caller", choices=["mic", "browser"], default="mic")
     args = parser.parse_args()
-    print(json.dumps(run(args.calls, args.seconds)))
+    print(json.dumps(run(args.calls, args.seconds, args.caller)))
 
 
 if __name__ == "__main__":
