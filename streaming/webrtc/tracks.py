@@ -321,8 +321,9 @@ class AvatarAudioTrack(MediaStreamTrack):
                 return stamped(sent, index)
             self.dtx_slots += 1
             wake = self._dtx.next_send(index)
-            if self._quiet is not None and wake > index + 1:
-                wake = min(wake, self._quiet(index + 1, wake - 1) + 1)
+            if wake > index + 1:  # no sleep past what nobody says is silence
+                quiet = self._quiet
+                wake = index + 1 if quiet is None else min(wake, quiet(index + 1, wake - 1) + 1)
             if wake > index + 1:
                 self._sleeping_from = index + 1
             self.dtx_slots += wake - index - 1  # the slots slept through
