@@ -381,6 +381,15 @@ class SessionSettings(_Section):
     pipeline_margin_ms: float = Field(default=40.0, ge=0, le=2000)
 
 
+class BroadcastSettings(_Section):
+    """Sessions watched by viewers (WHEP, ``docs/architecture.md`` §21)."""
+
+    # Viewers one session may have at once (each costs about what a listening call
+    # does: its own headers and encryption of the session's packets). A viewer past it
+    # is refused with 503 too_many_viewers.
+    viewers_per_session: int = Field(default=50, ge=0, le=10_000)
+
+
 class TtsSettings(_Section):
     """Text-to-speech for the ``say`` API."""
 
@@ -456,6 +465,7 @@ class Settings(_Section):
     audio: AudioSettings = Field(default_factory=AudioSettings)
     video: VideoSettings = Field(default_factory=VideoSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
+    broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
     tts: TtsSettings = Field(default_factory=TtsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

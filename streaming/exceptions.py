@@ -6,6 +6,7 @@ Hierarchy::
     ├── OfferError              the SDP offer is malformed or cannot be answered (400)
     ├── SessionNotFoundError    no live session with that id (404)
     ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
+    │   └── ViewerLimitError    the session has as many viewers as allowed (503)
     ├── StreamBusyError         the session already has an audio stream open (409)
     ├── AvatarSwitchBusyError   the call is switching avatar already (409)
     └── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
@@ -30,6 +31,10 @@ class SessionNotFoundError(StreamingError):
 
 class SessionLimitError(StreamingError):
     """The server runs as many sessions as it is configured for."""
+
+
+class ViewerLimitError(SessionLimitError):
+    """A session has as many viewers as ``broadcast.viewers_per_session`` allows."""
 
 
 class StreamBusyError(StreamingError):

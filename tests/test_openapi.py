@@ -419,6 +419,7 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
     ):
         await check(method, template, 404, path=f"{session}{suffix}", json={"text": "hi"})
 
+    await _check_broadcast_routes(check)
     avatars = (await check("GET", "/avatars", 200)).json()
     assert avatars == {"avatars": [{"id": "alice", "name": "test", "clips": ["idle"]}]}
     config = (await check("GET", "/webrtc-config", 200)).json()
@@ -426,6 +427,38 @@ async def test_session_routes_answer_as_documented(check: Conformance) -> None:
     assert config["delay"]["server_ms"] > 0  # tests/test_delay_budget.py checks the figures
     tagged = _operations_tagged(check.document, "sessions")
     assert tagged - check.seen == set(), "operations this test did not exercise"
+
+
+async def _check_broadcast_routes(check: Conformance) -> None:
+    """A session no caller owns, watched and left over WHEP, and what they refuse."""
+    created = await check("POST", "/sessions", 201, json={"avatar": "alice"})
+    sid = created.json()["session_id"]
+    assert created.headers["Location"] == f"/sessions/{sid}" == created.json()["whep"][:-5]
+    for bad, status in (({"avatar": "nobody"}, 404), ({"avatar": "Bad.Id"}, 400), ([1], 400)):
+        await check("POST", "/sessions", status, json=bad)
+    watch, leave = "/sessions/{session_id}/whep", "/sessions/{session_id}/whep/{viewer_id}"
+    sdp_type = {"Content-Type": "application/sdp"}
+    pc, sdp = await _offer_sdp()
+    try:
+        answered = await check(
+            "POST", watch, 201, path=f"/sessions/{sid}/whep", data=sdp, headers=sdp_type
+        )
+        assert answered.body.startswith(b"v=0")
+        location = answered.headers["Location"]
+        assert location.startswith(f"/sessions/{sid}/whep/")
+        for body, headers, status in (
+            (sdp, {"Content-Type": "application/json"}, 415),
+            ("garbage", sdp_type, 400),
+        ):
+            await check(
+                "POST", watch, status, path=f"/sessions/{sid}/whep", data=body, headers=headers
+            )
+        await check("DELETE", leave, 200, path=location)
+        await check("DELETE", leave, 404, path=location)
+        await check("DELETE", "/sessions/{session_id}", 200, path=f"/sessions/{sid}")
+        await check("POST", watch, 404, path=f"/sessions/{sid}/whep", data=sdp, headers=sdp_type)
+    finally:
+        await pc.close()
 
 
 def _infer_body(n: int) -> bytes:

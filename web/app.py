@@ -23,6 +23,7 @@ from streaming.live.manager import SessionManager
 from streaming.webrtc.compat import report_missing_internals
 from web.admin import add_admin_routes
 from web.app_keys import AVATAR_NAMES, CORE, DOOR, SESSIONS, TTS
+from web.broadcast import add_broadcast_routes
 from web.edge import edge_app
 from web.infer_api import infer
 from web.inference.door import InferenceDoor
@@ -69,6 +70,7 @@ def build_app(
     app.router.add_post("/v1/infer/{model_id}", infer)
     add_inference_protocol_routes(app)
     add_routes(app)
+    add_broadcast_routes(app)
     add_stream_routes(app)
     add_control_routes(app)
     add_admin_routes(app)

@@ -52,6 +52,7 @@ from streaming.exceptions import (
     SessionNotFoundError,
     StreamBusyError,
     StreamingError,
+    ViewerLimitError,
 )
 from web.schemas import Error, ErrorDetail
 
@@ -73,6 +74,7 @@ LIBRARY_ERRORS: tuple[type[Exception], ...] = (
 _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (OfferError, 400, "bad_offer", None),
     (SessionNotFoundError, 404, "session_not_found", None),
+    (ViewerLimitError, 503, "too_many_viewers", 5),
     (SessionLimitError, 503, "too_many_sessions", 5),
     (StreamBusyError, 409, "stream_busy", None),
     (AvatarSwitchBusyError, 409, "avatar_switch_busy", None),

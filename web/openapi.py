@@ -104,6 +104,8 @@ _CODES: dict[str, str] = {
     "model_load_failed": "the model could not be loaded",
     "inference_failed": "the model failed to run",
     "tts_failed": "the text-to-speech engine failed",
+    "too_many_viewers": "the session has `broadcast.viewers_per_session` viewers already",
+    "unsupported_media_type": "the body is not the content type the route takes",
     "too_many_sessions": "no capacity for one more session (server.max_sessions, a device's "
     "inference budget or the CPU budget), or the server is stopping",
     "tts_unavailable": "no text-to-speech engine is configured or installed",
@@ -159,7 +161,12 @@ SESSION_AUTH = (
 
 # Path parameters by name: each is a shared component.
 _PATH_PARAMETERS: dict[str, tuple[str, Json, str]] = {
-    "session_id": ("SessionId", {"type": "string"}, "From `POST /offer`."),
+    "session_id": ("SessionId", {"type": "string"}, "From `POST /offer` or `POST /sessions`."),
+    "viewer_id": (
+        "ViewerId",
+        {"type": "string"},
+        "The last part of a WHEP viewer's `Location`.",
+    ),
     "model_id": (
         "ModelId",
         TypeAdapter(AvatarId).json_schema(),

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from compositor.background_cache import AvatarFrames, BackgroundCache
@@ -21,6 +21,7 @@ from inference_core.exceptions import ShuttingDownError
 from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
+from streaming.broadcast.station import Station
 from streaming.exceptions import AvatarIncompatibleError, SessionLimitError, SessionNotFoundError
 from streaming.idle_loops import IdleLoopCache
 from streaming.live.admission import AdmissionControl, usable_cpus
@@ -171,6 +172,33 @@ class SessionManager:
         Raises ``SessionLimitError`` at capacity, avatar errors for unknown ids,
         ``OfferError`` for offers aiortc cannot take.
         """
+
+        async def open_call(avatar: CallAvatar, shared: CallResources, session_id: str) -> Session:
+            return await Session.open(
+                session_id, sdp, offer, avatar, shared, remote=remote, on_closed=self._forget
+            )
+
+        return await self._admitted(avatar_id, open_call)
+
+    async def create_callerless(self, avatar_id: str, remote: str | None) -> Session:
+        """A session on ``avatar_id`` no caller owns (``docs/architecture.md`` §21),
+        admitted as a call is; its media flows at once, to its viewers."""
+
+        async def open_callerless(
+            avatar: CallAvatar, shared: CallResources, session_id: str
+        ) -> Session:
+            return Session.open_callerless(
+                session_id, avatar, shared, remote=remote, on_closed=self._forget
+            )
+
+        return await self._admitted(avatar_id, open_callerless)
+
+    async def _admitted(
+        self,
+        avatar_id: str,
+        open_session: Callable[[CallAvatar, CallResources, str], Awaitable[Session]],
+    ) -> Session:
+        """Admit a session on ``avatar_id``, load its model and open it (module doc)."""
         if self._closing:
             self.counters.rejected += 1
             raise SessionLimitError("the server is shutting down")
@@ -189,23 +217,22 @@ class SessionManager:
                 self.counters.rejected += 1
                 raise
             try:
-                session = await self._open(model, sdp, offer, remote)
+                avatar = await self._call_avatar(model)
+                session_id = self.session_id_prefix + secrets.token_urlsafe(16)
+                session = await open_session(avatar, self._resources(), session_id)
             except BaseException:
                 model.close()
                 self.counters.failed += 1
                 raise
             self.counters.started += 1
+            self._register(session)
             return session
         finally:
             self._creating -= 1
             reservation.release()
 
-    async def _open(
-        self, model: ModelHandle, sdp: str, offer: OfferInfo, remote: str | None
-    ) -> Session:
-        package = model.package
-        avatar = await self._call_avatar(model)
-        shared = CallResources(
+    def _resources(self) -> CallResources:
+        return CallResources(
             self.settings,
             self.executor,
             self.encoders,
@@ -214,27 +241,20 @@ class SessionManager:
             self.idle_loops,
             self.control,
         )
-        session = await Session.open(
-            self.session_id_prefix + secrets.token_urlsafe(16),
-            sdp,
-            offer,
-            avatar,
-            shared,
-            remote=remote,
-            on_closed=self._forget,
-        )
+
+    def _register(self, session: Session) -> None:
         self._sessions[session.session_id] = session
         self._empty.clear()
         if self._cpu_sampling is None or self._cpu_sampling.done():
             self._cpu_sampling = asyncio.create_task(self._sample_cpu(), name="lipstream-cpu-meter")
         logger.info(
-            "session created: session=%s avatar=%s remote=%s video_codec=%s",
+            "session created: session=%s avatar=%s remote=%s video_codec=%s caller=%s",
             session.session_id,
-            package.avatar_id,
-            remote,
+            session.avatar_id,
+            session.report.remote,
             session.peer.video_codec,
+            not isinstance(session.peer, Station),
         )
-        return session
 
     async def switch_avatar(self, session: Session, avatar_id: str) -> AvatarSwitched | None:
         """Show ``avatar_id`` in ``session`` from its next frame decided, with a dissolve

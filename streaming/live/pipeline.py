@@ -33,6 +33,7 @@ from config.settings import AudioSettings, Settings
 from inference_core.avatars.package import AvatarPackage
 from inference_core.features.encoder import AudioEncoder
 from inference_core.features.stream import AudioFeatureStream, FrameAudio
+from streaming.broadcast.feed import PublishedVideo, VideoFeed
 from streaming.idle_loops import IdleLoopCache
 from streaming.live.avatar import CallAvatar
 from streaming.live.idle_sharing import IdleSharing
@@ -150,6 +151,8 @@ class LivePipeline:
         self._switched: _Switched | None = None  # a switch applied, until its dissolve is sent
         #: Called with ``n`` once video frame ``n`` is handed to aiortc (benchmarks time it).
         self.sent_listeners: list[Callable[[int], None]] = []
+        #: Every H.264 frame sent, for the session's viewers (``streaming.broadcast``).
+        self.feed = VideoFeed()
 
     def media(self) -> PeerMedia:
         """What the peer's tracks send, and where the caller's audio goes (the mixer).
@@ -167,26 +170,27 @@ class LivePipeline:
                 stats.caller_audio_ms.append(1000 * (now() - arrived))
             return buffers.take_chunk(index)
 
-        def audio_quiet(first: int, last: int) -> int:
-            # A DTX track sleeps only through chunks no event or utterance waits for.
-            if speech.waiting:
-                return first - 1
-            waiting = ledger.first_waiting_chunk()
-            if waiting is not None:
-                last = min(last, waiting - 1)
-            return buffers.silent_until(first, last)
-
         return PeerMedia(
             clock=self.clock,
             fps=self.fps,
             frame_size=self._frame_size,
-            video=self,
+            video=PublishedVideo(self, self.feed),
             audio=audio,
-            audio_quiet=audio_quiet,
+            audio_quiet=self.audio_quiet,
             dtx=self._dtx,
             caller_audio=self.mixer.feed_inbound,
             audio_loss=self.timeline.audio_loss,
         )
+
+    def audio_quiet(self, first: int, last: int) -> int:
+        """The last chunk in ``first..last`` a DTX track may sleep through: only chunks
+        made, silent, and waited for by no event or utterance (``webrtc/tracks.py``)."""
+        if self._speech.waiting:
+            return first - 1
+        waiting = self.mixer.utterances.first_waiting_chunk()
+        if waiting is not None:
+            last = min(last, waiting - 1)
+        return self.buffers.silent_until(first, last)
 
     async def run(self) -> None:
         """The call's media loop (the ``timeline`` stage): from the clock's start, every

@@ -12,6 +12,7 @@ Not thread-safe: the event loop alone uses it.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, NamedTuple
 
 import av
@@ -21,6 +22,8 @@ from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.webrtc.tracks import SILENCE, stamped
 
 STALE_SLOTS = 50  # slots kept past their send time before a buffer drops them
+#: Chunks taken by the session's own track, kept for viewers whose slot runs just after.
+TAKEN_KEPT = 4
 
 
 class Waiting(NamedTuple):
@@ -40,6 +43,7 @@ class SendBuffers:
         self._chunks: dict[int, av.Packet[Any]] = {}
         # The last frame slot handed out (an existing int: nothing allocated per frame).
         self._last_frame_taken = -1
+        self._taken: deque[tuple[int, av.Packet[Any]]] = deque(maxlen=TAKEN_KEPT)
 
     # -- audio ----------------------------------------------------------------------
 
@@ -73,7 +77,21 @@ class SendBuffers:
         for stale in [i for i in self._chunks if i < index]:
             del self._chunks[stale]
         packet = self._chunks.pop(index, None)
-        return packet if packet is not None else stamped(SILENCE, index)
+        if packet is None:
+            packet = stamped(SILENCE, index)
+        self._taken.append((index, packet))
+        return packet
+
+    def chunk_for_viewer(self, index: int) -> av.Packet[Any]:
+        """The packet the session sends (or sent, just now) for audio slot ``index``,
+        left in place: what a viewer of the session is sent (silence if there is none)."""
+        packet = self._chunks.get(index)
+        if packet is not None:
+            return packet
+        for taken, packet in self._taken:
+            if taken == index:
+                return packet
+        return stamped(SILENCE, index)
 
     # -- video ----------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
-"""One live call: the thin owner of its peer, its pipeline, its app audio and its events.
+"""One live session: the thin owner of its peer, its pipeline, its app audio, its events
+and its viewers.
 
     Peer (streaming.webrtc)            the caller's peer connection: answer, tracks, state
-      │ caller's audio ▲ frames and packets at their slots
-    LivePipeline (streaming.live.pipeline)
-        mixer ─▶ timeline ─▶ renderer ─▶ send buffers
+      │ caller's audio ▲ frames and packets at their slots       (or, with no caller, a
+    LivePipeline (streaming.live.pipeline)                         Station pulling them)
+        mixer ─▶ timeline ─▶ renderer ─▶ send buffers ─▶ feed ─▶ Audience (viewers)
       ▲ pushed, spoken, streamed audio
     AppAudio, SessionEvents            what apps bring, and what they are told
 
@@ -11,11 +12,13 @@
 frame's audio is complete and it has been computed, or it is shown idle (never late;
 ``docs/architecture.md`` §2, §8).
 
-:meth:`Session.open` builds the parts in that order, each with what it needs, and
-answers the offer. Every task of the call runs under one :class:`StageTasks`, whose rule
-is the call's: a task that ends other than by cancellation (a watchdog's reason, any
-stage's error) ends the call, and the session's lifetime task then tears it down within
-a bound (§7).
+:meth:`Session.open` builds the parts in that order (``session_parts.py``), each with
+what it needs, and answers the offer; :meth:`Session.open_callerless` builds the same
+parts with a :class:`~streaming.broadcast.station.Station` where the caller's peer
+would be (§21). Every task of the session runs under one :class:`StageTasks`, whose
+rule is the session's: a task that ends other than by cancellation (a watchdog's reason,
+any stage's error) ends it, and the session's lifetime task then tears it down within
+a bound (§7). Viewers are the audience's: one ending ends nothing else.
 """
 
 from __future__ import annotations
@@ -24,23 +27,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from inference_core.serving.handle import ModelHandle
+from streaming.broadcast.station import Station
 from streaming.exceptions import AvatarSwitchBusyError, SessionNotFoundError
-from streaming.live.app_audio import AppAudio
+from streaming.link import LinkController
 from streaming.live.avatar import AvatarSwitched, CallAvatar, preload, release_after
 from streaming.live.caller_messages import CallerMessages
-from streaming.live.events import SessionEvents
-from streaming.live.pipeline import CallResources, LivePipeline
-from streaming.live.reporting import DelayBudget, SessionReport, SessionStats
+from streaming.live.pipeline import CallResources
+from streaming.live.reporting import DelayBudget, SessionStats
+from streaming.live.session_parts import SessionParts, build_parts
 from streaming.live.snapshot import SessionSnapshot
-from streaming.live.speech import Played, SpeechEvents
-from streaming.live.tasks import StageTasks
+from streaming.live.speech import Played
 from streaming.live.watchdogs import (
     PEER_CHECK_S,
     PEER_SILENCE_S,
-    AudioActivity,
     ice_failure,
     peer_gone,
     went_idle,
@@ -49,7 +52,7 @@ from streaming.live.workers import Offload
 from streaming.webrtc.data_channel import EventChannel
 from streaming.webrtc.ice import ice_configuration
 from streaming.webrtc.offer_check import OfferInfo
-from streaming.webrtc.peer import Peer, PeerState
+from streaming.webrtc.peer import Peer, PeerState, SentMedia
 
 __all__ = ["PEER_CHECK_S", "PEER_SILENCE_S", "AvatarSwitched", "CallResources", "Session"]
 
@@ -59,31 +62,55 @@ FLUSH_EVENTS_S = 1.0
 logger = logging.getLogger(__name__)
 
 
+class SessionPeer(Protocol):
+    """What a session reads of whoever pulls its media: the caller's
+    :class:`~streaming.webrtc.peer.Peer`, or a callerless session's
+    :class:`~streaming.broadcast.station.Station`."""
+
+    @property
+    def link(self) -> LinkController | None: ...
+
+    @property
+    def answer_sdp(self) -> str: ...
+
+    @property
+    def video_codec(self) -> str | None: ...
+
+    @property
+    def state(self) -> PeerState: ...
+
+    @property
+    def target_bitrate_bps(self) -> int | None: ...
+
+    def sent(self) -> SentMedia: ...
+
+    async def flush_events(self, timeout_s: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Session:
-    """One call (module doc); made by :meth:`open`. ``on_closed(session)`` once it ended."""
+    """One call, or a session no caller owns (module doc); made by :meth:`open` or
+    :meth:`open_callerless`. ``on_closed(session)`` once it ended."""
 
     def __init__(
         self,
-        session_id: str,
-        pipeline: LivePipeline,
-        peer: Peer,
-        app_audio: AppAudio,
-        events: SessionEvents,
-        tasks: StageTasks,
-        report: SessionReport,
+        parts: SessionParts,
+        peer: SessionPeer,
         *,
         on_closed: Callable[[Session], None] | None = None,
     ) -> None:
-        self.session_id = session_id
-        self.pipeline = pipeline
+        self.session_id = parts.session_id
+        self.pipeline = parts.pipeline
         self.peer = peer
-        self.app_audio = app_audio
-        self.events = events
-        self.report = report
-        self._tasks = tasks
+        self.app_audio = parts.app_audio
+        self.events = parts.events
+        self.report = parts.report
+        self.audience = parts.audience
+        self._tasks = parts.tasks
         self._on_closed = on_closed
         self._switching = False  # a switch of avatar is loading or dissolving
-        self._lifetime = asyncio.create_task(self._live(), name=f"session-{session_id[:8]}")
+        self._lifetime = asyncio.create_task(self._live(), name=f"session-{self.session_id[:8]}")
 
     @classmethod
     async def open(
@@ -100,49 +127,56 @@ class Session:
         """Build the call's parts, answer the offer and start the call's tasks; raises
         ``OfferError`` for an offer aiortc cannot take (what started is stopped; the model
         is the caller's to release)."""
-        settings = shared.settings
-        tasks = StageTasks(session_id)
-        events = SessionEvents(session_id, queue_size=settings.session.event_queue_size)
-        speech = SpeechEvents(events, avatar.package.manifest.fps)
-        activity = AudioActivity()
-        pipeline = LivePipeline(
-            session_id,
-            avatar,
-            shared,
-            speech=speech,
-            on_voice=activity.heard,
-            on_failure=tasks.fail,
-        )
-        app_audio = AppAudio(
-            pipeline.mixer,
-            events,
-            speech,
-            max_stream_buffer_s=settings.session.max_stream_buffer_s,
-            on_audio=activity.heard,
-        )
+        settings = shared.settings.session
+        parts = build_parts(session_id, avatar, shared, remote)
+        tasks, pipeline = parts.tasks, parts.pipeline
         messages = CallerMessages(shared.control)
         try:
             peer = await Peer.answer(
                 session_id,
                 sdp,
                 offer,
-                config=ice_configuration(settings),
+                config=ice_configuration(shared.settings),
                 encoders=shared.encoders,
                 media=pipeline.media(),
-                events=EventChannel(events.listen, messages.answer),
+                events=EventChannel(parts.events.listen, messages.answer),
                 tasks=tasks,
             )
         except BaseException:
             tasks.end("offer failed")
             await tasks.stop(pipeline.in_flight)
             raise
-        _start(tasks, pipeline, peer, activity, avatar, shared)
-        report = _report(session_id, avatar.model, pipeline, remote)
-        session = cls(
-            session_id, pipeline, peer, app_audio, events, tasks, report, on_closed=on_closed
-        )
+        parts.start(avatar, shared)
+        tasks.spawn("watchdog", ice_failure(peer, settings.ice_timeout_s, session_id))
+        tasks.spawn("watchdog", peer_gone(peer, session_id))
+        if settings.idle_timeout_s > 0:
+            tasks.spawn("watchdog", went_idle(parts.activity, settings.idle_timeout_s, session_id))
+        session = cls(parts, peer, on_closed=on_closed)
         messages.bind(session)
         return session
+
+    @classmethod
+    def open_callerless(
+        cls,
+        session_id: str,
+        avatar: CallAvatar,
+        shared: CallResources,
+        *,
+        remote: str | None = None,
+        on_closed: Callable[[Session], None] | None = None,
+    ) -> Session:
+        """A session no caller owns (``docs/architecture.md`` §21): its audio is what
+        apps push, say or stream, its media goes to its viewers, and it runs from now
+        until it is closed, or has had neither audio nor a viewer for
+        ``session.idle_timeout_s``."""
+        parts = build_parts(session_id, avatar, shared, remote)
+        station = Station(session_id, parts.pipeline.media(), shared.encoders, parts.tasks)
+        parts.start(avatar, shared)
+        station.start()
+        idle_timeout_s = shared.settings.session.idle_timeout_s
+        if idle_timeout_s > 0:
+            parts.tasks.spawn("watchdog", parts.audience.unwatched(idle_timeout_s))
+        return cls(parts, station, on_closed=on_closed)
 
     # -- what a call is now ---------------------------------------------------------
 
@@ -214,7 +248,7 @@ class Session:
         sent = self.peer.sent()
         started_at = self.pipeline.clock.start
         mixer = self.pipeline.mixer
-        return self.report.snapshot(
+        snapshot = self.report.snapshot(
             state=self.state,
             frames_sent=sent.frames_sent,
             frames_skipped=sent.frames_skipped,
@@ -231,6 +265,8 @@ class Session:
             audio_skipped=sent.audio_skipped,
             link=None if self.peer.link is None else self.peer.link.snapshot(),
         )
+        caller = not isinstance(self.peer, Station)
+        return replace(snapshot, caller=caller, viewers=self.audience.count)
 
     # -- control --------------------------------------------------------------------
 
@@ -341,7 +377,9 @@ class Session:
     async def _tear_down(self, reason: str) -> None:
         self.events.end(reason)
         await self.peer.flush_events(FLUSH_EVENTS_S)  # session_ended before the close
+        await self.audience.close()
         abandoned = await self._tasks.stop(self.pipeline.in_flight)
+        self.pipeline.feed.close()
         await self.peer.close()
         outgoing = self.pipeline.renderer.retire()  # a switch still dissolving
         if outgoing is not None:
@@ -355,38 +393,3 @@ class Session:
             inbound_skipped_ms=self.pipeline.mixer.inbound_skipped_ms,
             abandoned=abandoned,
         )
-
-
-def _start(
-    tasks: StageTasks,
-    pipeline: LivePipeline,
-    peer: Peer,
-    activity: AudioActivity,
-    avatar: CallAvatar,
-    shared: CallResources,
-) -> None:
-    """Start a call's tasks: its media loop, its watchdogs, the preload of its frames."""
-    session_id, session = peer.session_id, shared.settings.session
-    tasks.spawn("timeline", pipeline.run())
-    tasks.spawn("watchdog", ice_failure(peer, session.ice_timeout_s, session_id))
-    tasks.spawn("watchdog", peer_gone(peer, session_id))
-    if session.idle_timeout_s > 0:
-        tasks.spawn("watchdog", went_idle(activity, session.idle_timeout_s, session_id))
-    tasks.spawn("preload", preload(avatar, shared.executor))
-    if pipeline.sharing is not None:
-        pipeline.sharing.prepare()  # the avatar's idle loop, built once in the background
-
-
-def _report(
-    session_id: str, model: ModelHandle, pipeline: LivePipeline, remote: str | None
-) -> SessionReport:
-    budget = pipeline.budget
-    return SessionReport(
-        session_id,
-        model.package.avatar_id,
-        remote,
-        delay_s=budget.server_ms / 1000,
-        lookahead_ms=budget.lookahead_ms,
-        fps=pipeline.fps,
-        stats=pipeline.stats,
-    )

@@ -98,8 +98,10 @@ class SessionSnapshot:
     #: (docs/architecture.md §8); None without a caller's audio.
     caller_audio_ms: dict[str, float] | None = None
     #: The call's link: estimate, target, loss, round trip, ladder step (None: VP8,
-    #: aiortc's own encoder, no link).
+    #: aiortc's own encoder, no link; or no caller).
     link: LinkSnapshot | None = None
+    caller: bool = True  # False: a session made by POST /sessions (docs/architecture.md §21)
+    viewers: int = 0  # viewers watching it now (WHEP)
 
 
 @dataclass

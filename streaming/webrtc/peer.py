@@ -124,7 +124,8 @@ class PeerMedia:
     caller reports lost (the Opus encoder adds FEC for it); with ``dtx`` the answer asks
     the caller for Opus DTX and a caller that asks for it gets the avatar's silence as
     DTX, its track sleeping through what ``audio_quiet`` says is silence
-    (:mod:`~streaming.webrtc.dtx`).
+    (:mod:`~streaming.webrtc.dtx`); with ``join_late`` (a viewer of a running session)
+    the tracks start at the slot due when media starts to flow.
     """
 
     clock: SessionClock
@@ -136,6 +137,7 @@ class PeerMedia:
     audio_loss: Callable[[float], None] | None = None
     audio_quiet: AudioQuiet | None = None
     dtx: bool = False
+    join_late: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,15 @@ class Peer:
         self.session_id = session_id
         self._pc = pc
         self._tasks = tasks
-        self._video = AvatarVideoTrack(media.clock, media.fps, media.video, tasks.fail)
-        self._audio = AvatarAudioTrack(media.clock, media.audio, tasks.fail) if send_audio else None
+        late = media.join_late
+        self._video = AvatarVideoTrack(
+            media.clock, media.fps, media.video, tasks.fail, join_late=late
+        )
+        self._audio = (
+            AvatarAudioTrack(media.clock, media.audio, tasks.fail, join_late=late)
+            if send_audio
+            else None
+        )
         self._dtls = DtlsFailure()
         self._state = PeerState.NEW
         self._channels: list[asyncio.Task[Any]] = []  # data channels being served

@@ -81,12 +81,20 @@ class AvatarVideoTrack(MediaStreamTrack):
     arrays for it to encode; after, each comes encoded off the loop
     (:meth:`VideoSource.packet_for`) and aiortc only sends its payloads. A source that
     fails is reported to ``on_failure`` as the ``encode`` stage, and the track ends.
+    With ``join_late`` (a viewer of a running session) the first slot is the one due
+    when media starts to flow, not slot 0.
     """
 
     kind = "video"
 
     def __init__(
-        self, clock: SessionClock, fps: int, source: VideoSource, on_failure: OnFailure
+        self,
+        clock: SessionClock,
+        fps: int,
+        source: VideoSource,
+        on_failure: OnFailure,
+        *,
+        join_late: bool = False,
     ) -> None:
         super().__init__()
         self._clock = clock
@@ -95,6 +103,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self._on_failure = on_failure
         self._encoder: LipstreamH264Encoder | None = None
         self._next = 0
+        self._join_late = join_late
         self.frames_sent = 0
         self.frames_skipped = 0
 
@@ -110,6 +119,9 @@ class AvatarVideoTrack(MediaStreamTrack):
     async def recv(self) -> av.VideoFrame | av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
+        if self._join_late:  # a viewer of a running session starts at the slot due now
+            self._join_late = False
+            self._next = max(self._next, self._clock.slots_due(1.0 / self._fps))
         slot = await wait_for_slot(self._clock, self._next, 1.0 / self._fps)
         self.frames_skipped += slot.skipped
         index = slot.index
@@ -270,12 +282,20 @@ class AvatarAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clock: SessionClock, source: PacketSource, on_failure: OnFailure) -> None:
+    def __init__(
+        self,
+        clock: SessionClock,
+        source: PacketSource,
+        on_failure: OnFailure,
+        *,
+        join_late: bool = False,
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._source = source
         self._on_failure = on_failure
         self._next = 0
+        self._join_late = join_late
         self._dtx: OpusDtx | None = None
         self._quiet: AudioQuiet | None = None
         self._sleeping_from: int | None = None  # the first slot of a DTX sleep
@@ -300,6 +320,9 @@ class AvatarAudioTrack(MediaStreamTrack):
         while True:
             if self.readyState != "live":
                 raise MediaStreamError
+            if self._join_late:  # as the video track's
+                self._join_late = False
+                self._next = max(self._next, self._clock.slots_due(AUDIO_CHUNK_S))
             slot = await wait_for_slot(self._clock, self._next, AUDIO_CHUNK_S)
             self._sleeping_from = None
             self.chunks_skipped += slot.skipped
@@ -328,3 +351,13 @@ class AvatarAudioTrack(MediaStreamTrack):
                 self._sleeping_from = index + 1
             self.dtx_slots += wake - index - 1  # the slots slept through
             self._next = wake
+
+
+async def pull(track: MediaStreamTrack) -> None:
+    """Take ``track``'s media slot by slot until it stops, as a sender would, sending
+    it nowhere (a session without a caller, ``streaming/broadcast/station.py``)."""
+    while True:
+        try:
+            await track.recv()
+        except MediaStreamError:
+            return

@@ -38,6 +38,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from config.settings import Settings
 from web.admin_auth import Handler, admin_denial, admin_only
@@ -62,7 +63,15 @@ HTTP = web.AppKey("cluster_http", aiohttp.ClientSession)
 #: is kept: the body goes on unchanged (streamed, or the offer's bytes as read).
 _DROPPED_REQUEST = {"host", "transfer-encoding", "connection", "keep-alive"}
 #: Response headers passed back.
-_KEPT_RESPONSE = ("Content-Type", "Retry-After", "Cache-Control", "Last-Modified", "ETag")
+_KEPT_RESPONSE = (
+    "Content-Type",
+    "Retry-After",
+    "Cache-Control",
+    "Last-Modified",
+    "ETag",
+    "Location",  # a created session's, a WHEP viewer's: paths, the same at the front
+    "Link",  # a WHEP answer's ICE servers, one header each
+)
 #: Seconds a refused caller is told to wait when no worker has room.
 RETRY_AFTER_S = 5
 
@@ -330,7 +339,7 @@ async def _forward(
             allow_redirects=False,
         ) as answer:
             payload = await answer.read()
-            kept = {k: answer.headers[k] for k in _KEPT_RESPONSE if k in answer.headers}
+            kept = CIMultiDict((k, v) for k in _KEPT_RESPONSE for v in answer.headers.getall(k, ()))
             return web.Response(status=answer.status, body=payload, headers=kept)
     except (aiohttp.ClientError, TimeoutError) as exc:
         worker.answering = False  # until its next report says otherwise

@@ -35,6 +35,7 @@ from web.schemas.admin import (
     Worker,
 )
 from web.schemas.base import Error, ErrorDetail, RequestModel, ResponseModel
+from web.schemas.broadcast import NewSession, SessionCreated, ViewerLeft
 from web.schemas.inference import MAX_REQUEST_FRAMES, InferQuery
 from web.schemas.inference_protocol import (
     OipConfigTensor,
@@ -115,6 +116,7 @@ __all__ = [
     "LoadRequest",
     "Model",
     "Models",
+    "NewSession",
     "NotReady",
     "Offer",
     "OipConfigTensor",
@@ -148,12 +150,14 @@ __all__ = [
     "RequestModel",
     "ResponseModel",
     "Say",
+    "SessionCreated",
     "SessionInfo",
     "SessionState",
     "Sessions",
     "SetIdleClip",
     "Stats",
     "SwitchAvatar",
+    "ViewerLeft",
     "WebRtcConfig",
     "Worker",
 ]

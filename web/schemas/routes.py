@@ -25,6 +25,7 @@ from web.schemas.admin import (
     Stats,
 )
 from web.schemas.base import Error
+from web.schemas.broadcast import NewSession, SessionCreated, ViewerLeft
 from web.schemas.inference import InferQuery
 from web.schemas.inference_protocol import (
     OipIndexRequest,
@@ -82,6 +83,75 @@ SESSION_OPERATIONS = (
             500: (*_MODEL_OPEN_500, "streaming_failed"),
             503: ("too_many_sessions", *_MODEL_OPEN_503),
         },
+    ),
+    Operation(
+        "new_session",
+        "post",
+        "/sessions",
+        "sessions",
+        "Open a session no caller owns: the avatar speaks what apps send, to its viewers",
+        (
+            Reply(
+                201,
+                "The session runs from now on; watch it over WHEP (`whep`).",
+                SessionCreated,
+                headers=(Header("Location", "The session's path, `/sessions/{session_id}`."),),
+            ),
+        ),
+        description="Make it speak with `/audio`, `/say` or the audio stream; read its "
+        "events from `/events`; end it with `DELETE /sessions/{session_id}`, or it ends "
+        "after `session.idle_timeout_s` with neither audio nor a viewer. Admitted as a "
+        "call is (docs/architecture.md §21).",
+        body=NewSession,
+        access="session",
+        errors={
+            404: ("model_not_found",),
+            413: ("body_too_large",),
+            429: ("rate_limited",),
+            500: (*_MODEL_OPEN_500, "streaming_failed"),
+            503: ("too_many_sessions", *_MODEL_OPEN_503),
+        },
+    ),
+    Operation(
+        "watch_session",
+        "post",
+        "/sessions/{session_id}/whep",
+        "sessions",
+        "Watch a session (WHEP): an SDP offer in, the answer out",
+        (
+            Reply(
+                201,
+                "The SDP answer; the viewer's media flows once ICE connects.",
+                media=("application/sdp",),
+                headers=(Header("Location", "The viewer's path: `DELETE` it to leave."),),
+            ),
+        ),
+        description="The offer is the SDP itself (`Content-Type: application/sdp`), "
+        "complete (no trickle ICE), receiving H.264 video and optionally Opus audio and "
+        "the event data channel. The ICE servers configured come back as `Link` headers "
+        '(`<url>; rel="ice-server"`, RFC 9725). Any session can be watched, a call too; '
+        "each session takes at most `broadcast.viewers_per_session` viewers. A viewer is "
+        "sent what the session sends, never encoded again for it (docs/architecture.md §21).",
+        body_media=("application/sdp",),
+        access="session",
+        errors={
+            400: ("bad_offer",),
+            **_NO_SESSION,
+            413: ("body_too_large",),
+            415: ("unsupported_media_type",),
+            429: ("rate_limited",),
+            503: ("too_many_viewers", "too_many_sessions"),
+        },
+    ),
+    Operation(
+        "leave_session",
+        "delete",
+        "/sessions/{session_id}/whep/{viewer_id}",
+        "sessions",
+        "Stop watching a session (a WHEP viewer's `Location`)",
+        (Reply(200, "The viewer's connection is closed.", ViewerLeft),),
+        access="session",
+        errors=_NO_SESSION,
     ),
     Operation(
         "get_session",

@@ -318,8 +318,10 @@ class SessionState(ResponseModel):
     )
     link: Link | None = Field(
         description="The call's link: estimate, target, loss, round trip, ladder step "
-        "(null for a call aiortc encodes itself, VP8)."
+        "(null for a call aiortc encodes itself, VP8, and for a session with no caller)."
     )
+    caller: bool = Field(description="False for a session made by `POST /sessions`.")
+    viewers: Count = Field(description="Viewers watching it now (`POST .../whep`).")
 
 
 class HungUp(ResponseModel):

@@ -1,0 +1,78 @@
+"""The sender of a session no caller owns (``POST /sessions``, ``docs/architecture.md`` §21).
+
+A call's tracks are pulled by its caller's peer connection, slot by slot. A callerless
+session has no such peer, so its :class:`Station` pulls them itself: the same
+:class:`~streaming.webrtc.tracks.AvatarVideoTrack` and
+:class:`~streaming.webrtc.tracks.AvatarAudioTrack` on the session's clock, the video
+encoded once by the station's own H.264 encoder at the avatar's full quality, and each
+frame published to the session's feed (the session's video source does that,
+:class:`~streaming.broadcast.feed.PublishedVideo`) for its viewers. Taking each audio
+slot is what tells the session's utterances and speech events what was "sent", as a
+caller's track does, so ``speech_started``, ``played_ms`` and the rest are the same
+with or without anyone watching.
+
+To the session it stands where a caller's :class:`~streaming.webrtc.peer.Peer` would:
+it answers what the session reads of its peer (state, what was sent, the encoder's
+bitrate) and is closed with it.
+"""
+
+from __future__ import annotations
+
+from streaming.broadcast.feed import VIEWER_KEYFRAME_INTERVAL_S
+from streaming.webrtc.peer import CallTasks, PeerMedia, PeerState, SentMedia
+from streaming.webrtc.tracks import AvatarAudioTrack, AvatarVideoTrack, pull
+from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
+
+
+class Station:
+    """A callerless session's sender (module doc); :meth:`start` starts its tasks."""
+
+    #: What a session reads of a caller's peer, answered for a session without one.
+    link = None
+    answer_sdp = ""
+    video_codec = "video/H264"
+
+    def __init__(
+        self, session_id: str, media: PeerMedia, encoders: EncoderFactory, tasks: CallTasks
+    ) -> None:
+        self.session_id = session_id
+        self._tasks = tasks
+        self.encoder: LipstreamH264Encoder = encoders.create(*media.frame_size, media.fps)
+        self.encoder.keyframe_interval_s = VIEWER_KEYFRAME_INTERVAL_S
+        self._video = AvatarVideoTrack(media.clock, media.fps, media.video, tasks.fail)
+        self._video.encode_with(self.encoder)
+        self._audio = AvatarAudioTrack(media.clock, media.audio, tasks.fail)
+        self._closed = False
+
+    def start(self) -> None:
+        """Pull both tracks at their slots from now on (the session's clock starts)."""
+        self._tasks.spawn("encode", pull(self._video))
+        self._tasks.spawn("audio send", pull(self._audio))
+
+    @property
+    def state(self) -> PeerState:
+        return PeerState.CLOSED if self._closed else PeerState.CONNECTED
+
+    @property
+    def target_bitrate_bps(self) -> int:
+        return self.encoder.target_bitrate
+
+    def sent(self) -> SentMedia:
+        video, audio = self._video, self._audio
+        return SentMedia(
+            frames_sent=video.frames_sent,
+            frames_skipped=video.frames_skipped,
+            video_next=video.next_index,
+            audio_next=audio.next_index,
+            audio_skipped=audio.chunks_skipped,
+        )
+
+    async def flush_events(self, timeout_s: float) -> None:
+        """Nothing to flush: a callerless session's events go out on its streams."""
+
+    async def close(self) -> None:
+        """Stop both tracks (their pulling tasks end with the session's)."""
+        self._video.stop()
+        self._audio.stop()
+        self._closed = True
+

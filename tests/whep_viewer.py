@@ -1,0 +1,92 @@
+"""The tests' WHEP viewer: a bare aiortc peer connection that posts its offer as
+``application/sdp`` (as any WHEP player does) and records what it decodes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestClient
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+
+@dataclass
+class Watched:
+    """What a viewer decoded: each picture's digest in order, and audio samples."""
+
+    pictures: list[str] = field(default_factory=list)
+    audio_samples: int = 0
+    audio_peak: float = 0.0
+
+
+class Viewer:
+    """One WHEP viewer of a session (``POST /sessions/{id}/whep``)."""
+
+    def __init__(self, client: TestClient[Any, Any] | ClientSession, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.pc = RTCPeerConnection()
+        self.watched = Watched()
+        self.location = ""
+        self.links: list[str] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def offer(self, *, audio: bool = True) -> str:
+        """The viewer's offer, gathered (receive-only video, and audio if ``audio``)."""
+        self.pc.addTransceiver("video", direction="recvonly")
+        if audio:
+            self.pc.addTransceiver("audio", direction="recvonly")
+        self.pc.on("track", self._on_track)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def watch(self, *, audio: bool = True, headers: dict[str, str] | None = None) -> None:
+        """Post the offer and apply the answer (the test fails on anything but 201)."""
+        sdp = await self.offer(audio=audio)
+        response = await self.client.post(
+            f"/sessions/{self.session_id}/whep",
+            data=sdp,
+            headers={"Content-Type": "application/sdp", **(headers or {})},
+        )
+        answer = await response.text()
+        assert response.status == 201, answer
+        assert response.content_type == "application/sdp"
+        self.location = response.headers["Location"]
+        self.links = response.headers.getall("Link", [])
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._tasks.append(asyncio.create_task(self._record(track)))
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        watched = self.watched
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if isinstance(frame, av.VideoFrame):
+                plane = frame.to_ndarray(format="yuv420p")
+                watched.pictures.append(hashlib.sha1(plane.tobytes()).hexdigest())
+            elif isinstance(frame, av.AudioFrame):
+                pcm = frame.to_ndarray()
+                watched.audio_samples += frame.samples
+                watched.audio_peak = max(watched.audio_peak, float(abs(pcm).max()) / 32768)
+
+    async def leave(self) -> int:
+        """``DELETE`` the viewer's ``Location``; the status."""
+        response = await self.client.delete(self.location)
+        return response.status
+
+    async def close(self) -> None:
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,132 @@
+"""Sessions without a caller, and their viewers over WHEP (``docs/architecture.md`` §21).
+
+POST   /sessions                              {"avatar"} → a session no caller owns (201)
+POST   /sessions/{id}/whep                    application/sdp offer → 201, the SDP answer,
+                                              Location of the viewer, ICE servers as Link
+DELETE /sessions/{id}/whep/{viewer_id}        the viewer leaves
+
+A callerless session speaks what ``/audio``, ``/say`` and the audio stream give it, its
+events are on ``/events`` and the audio stream, and ``DELETE /sessions/{id}`` ends it;
+any session, a call too, can be watched. The WHEP answer follows RFC 9725's shape (the
+WHIP protocol, which WHEP mirrors for playback): the offer is the body, the answer comes
+back with ``201 Created`` and a ``Location`` to ``DELETE``. Candidates are all in the
+answer: trickle ICE (``PATCH``) is not taken (405).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from streaming.exceptions import OfferError, SessionLimitError
+from streaming.live.session import Session
+from streaming.webrtc.offer_check import OfferLimits, check_offer
+from streaming.webrtc.public_address import with_public_address
+from streaming.webrtc.turn import turn_server
+from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
+from web.errors import RequestError
+from web.offer_gate import refuse_if_rate_limited
+from web.request_body import parse_body, read_limited
+from web.schemas import DelayBudget, NewSession, SessionCreated, ViewerLeft
+from web.session_tokens import require_token
+
+SDP = "application/sdp"
+
+
+async def create_session(request: web.Request) -> web.Response:
+    """Open a session no caller owns (201); its media runs from now on, for viewers."""
+    settings = request.app[SETTINGS]
+    _refuse_if_draining(request)
+    refuse_if_rate_limited(request)
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
+    body = parse_body(NewSession, raw, example='{"avatar": "demo"}')
+    require_token(request, settings.auth, body.avatar_id)
+    request.app[CORE].check_registered(body.avatar_id)
+    session = await request.app[SESSIONS].create_callerless(body.avatar_id, request.remote)
+    created = SessionCreated(
+        session_id=session.session_id,
+        avatar=session.avatar_id,
+        whep=f"/sessions/{session.session_id}/whep",
+        delay=DelayBudget.of(session.delay_budget),
+    )
+    location = f"/sessions/{session.session_id}"
+    return web.json_response(created.dump(), status=201, headers={"Location": location})
+
+
+def _watched(request: web.Request) -> Session:
+    """The session in the path, if the request carries a token for it (Bearer, as WHEP
+    clients send it)."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    require_token(request, request.app[SETTINGS].auth, session.avatar_id)
+    return session
+
+
+async def whep(request: web.Request) -> web.Response:
+    """A viewer's SDP offer: answered, the viewer's media flows once ICE connects."""
+    settings = request.app[SETTINGS]
+    _refuse_if_draining(request)
+    session = _watched(request)
+    refuse_if_rate_limited(request)
+    if request.content_type != SDP:
+        raise RequestError(
+            415,
+            "unsupported_media_type",
+            f"a WHEP offer is the SDP itself, sent as Content-Type: {SDP} "
+            f"(got {request.content_type or 'none'})",
+        )
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the SDP offer")
+    try:
+        sdp = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OfferError("the SDP offer is not UTF-8 text") from None
+    info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
+    viewer = await session.audience.add(sdp, info)
+    answer = viewer.answer_sdp
+    if settings.server.ice_public_address is not None:  # behind a 1:1 NAT
+        answer = with_public_address(answer, str(settings.server.ice_public_address))
+    headers = CIMultiDict({"Location": f"/sessions/{session.session_id}/whep/{viewer.viewer_id}"})
+    for link in ice_server_links(request):
+        headers.add("Link", link)
+    return web.Response(status=201, body=answer.encode(), content_type=SDP, headers=headers)
+
+
+async def leave(request: web.Request) -> web.Response:
+    """A viewer leaves (its ``Location``, ``DELETE``)."""
+    session = _watched(request)
+    viewer_id = request.match_info["viewer_id"]
+    await session.audience.remove(viewer_id)
+    return web.json_response(ViewerLeft(viewer_id=viewer_id, state="closed").dump())
+
+
+def ice_server_links(request: web.Request) -> list[str]:
+    """The ICE servers a viewer may use, as RFC 9725 ``Link`` header values (TURN with
+    fresh credentials for this viewer)."""
+    settings = request.app[SETTINGS]
+    links = []
+    for server in settings.server.ice_servers:
+        credential = None if server.credential is None else server.credential.get_secret_value()
+        for url in server.urls:
+            links.append(_link(url, server.username, credential))
+    turn = turn_server(settings.turn)
+    if turn is not None:
+        urls, username, password = turn
+        links.extend(_link(url, username, password) for url in urls)
+    return links
+
+
+def _link(url: str, username: str | None, credential: str | None) -> str:
+    link = f'<{url}>; rel="ice-server"'
+    if username is not None and credential is not None:
+        link += f'; username="{username}"; credential="{credential}"; credential-type="password"'
+    return link
+
+
+def _refuse_if_draining(request: web.Request) -> None:
+    if request.app[DRAINING].draining:  # 503 + Retry-After (web.errors)
+        raise SessionLimitError("the server is shutting down; try again shortly")
+
+
+def add_broadcast_routes(app: web.Application) -> None:
+    app.router.add_post("/sessions", create_session)
+    app.router.add_post("/sessions/{session_id}/whep", whep)
+    app.router.add_delete("/sessions/{session_id}/whep/{viewer_id}", leave)
