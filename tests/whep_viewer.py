@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import av
+import numpy as np
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
@@ -18,11 +19,17 @@ from aiortc.mediastreams import MediaStreamError
 
 @dataclass
 class Watched:
-    """What a viewer decoded: each picture's digest in order, and audio samples."""
+    """What a viewer decoded: each picture's luma digest (:func:`luma_digest`) in order,
+    and audio samples."""
 
     pictures: list[str] = field(default_factory=list)
     audio_samples: int = 0
     audio_peak: float = 0.0
+
+
+def luma_digest(luma: np.ndarray) -> str:
+    """A decoded picture's Y plane as a short digest (equal pictures, equal digests)."""
+    return hashlib.sha1(np.ascontiguousarray(luma).tobytes()).hexdigest()
 
 
 class Viewer:
@@ -72,8 +79,8 @@ class Viewer:
             except MediaStreamError:
                 return
             if isinstance(frame, av.VideoFrame):
-                plane = frame.to_ndarray(format="yuv420p")
-                watched.pictures.append(hashlib.sha1(plane.tobytes()).hexdigest())
+                plane = frame.to_ndarray(format="yuv420p")[: frame.height]
+                watched.pictures.append(luma_digest(plane))
             elif isinstance(frame, av.AudioFrame):
                 pcm = frame.to_ndarray()
                 watched.audio_samples += frame.samples
