@@ -33,6 +33,7 @@ from tests.live_calls import (
 from tests.media import resample_linear, speech_with_pauses, write_wav
 from tests.packages import make_package
 from tests.webrtc_client import Caller
+from tests.whep_viewer import Viewer
 from web.cluster.app import FRONT, build_front_app
 from web.cluster.front import ClusterFront
 from web.cluster.placement import parse_session_id
@@ -242,6 +243,37 @@ async def test_audio_streams_and_events_flow_through_the_front(
             assert f"event: {kind}" in text, text[-500:]
     finally:
         await caller.close()
+
+
+async def test_a_callerless_session_is_placed_and_watched_through_the_front(
+    front: TestClient[Any, Any],
+) -> None:
+    cluster = _cluster(front)
+    anchor = Caller(front, "bob")
+    try:
+        await anchor.connect()
+        await anchor.wait_for_frames(3)
+        await cluster.refresh()
+        created = await front.post("/sessions", json={"avatar": "bob"})
+        assert created.status == 201, await created.text()
+        sid = (await created.json())["session_id"]
+        assert created.headers["Location"] == f"/sessions/{sid}"
+        address = parse_session_id(sid)
+        assert address is not None
+        assert address.worker == _worker_of(anchor)  # placed where bob's model is
+        viewer = Viewer(front, sid)
+        try:
+            await viewer.watch()  # the answer, its Location, through the front
+            assert viewer.location.startswith(f"/sessions/{sid}/whep/")
+            await until(lambda: len(viewer.watched.pictures) >= 25, "25 pictures")
+            assert await viewer.leave() == 200
+        finally:
+            await viewer.close()
+        refused = await front.post("/sessions", json={"avatar": "Bad.Id"})
+        assert refused.status == 400
+        assert (await front.delete(f"/sessions/{sid}")).status == 200
+    finally:
+        await anchor.hang_up()
 
 
 async def test_a_full_cluster_refuses_with_retry_after(front: TestClient[Any, Any]) -> None:

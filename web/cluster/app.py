@@ -9,6 +9,8 @@ one (``docs/architecture.md`` §14):
   worker :func:`~web.cluster.placement.candidates` names that accepts it. A worker that
   refuses for capacity (503) is skipped for the next; when all refuse, the caller gets
   503 + Retry-After with their reasons.
+- ``POST /sessions`` (a session no caller owns) is checked the same way and placed as
+  an offer is.
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
   worker has that name, ``410 session_lost`` when the worker restarted since); the audio
   stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
@@ -41,6 +43,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from config.settings import Settings
+from streaming.exceptions import SessionLimitError
 from web.admin_auth import Handler, admin_denial, admin_only
 from web.app_keys import DRAINING, LIVENESS, SETTINGS
 from web.cluster import aggregate
@@ -52,7 +55,10 @@ from web.edge import edge_app
 from web.errors import RequestError
 from web.health import health
 from web.inference import rest
-from web.offer_gate import check_offer_request
+from web.offer_gate import check_offer_request, refuse_if_rate_limited
+from web.request_body import parse_body, read_limited
+from web.schemas import NewSession
+from web.session_tokens import require_token
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +100,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     app.cleanup_ctx.append(workers)
     router = app.router
     router.add_post("/offer", offer)
+    router.add_post("/sessions", new_session)
     router.add_route("*", "/sessions/{session_id}", to_session)
     router.add_route("*", "/sessions/{session_id}/{tail:.*}", to_session)
     router.add_route("*", "/v1/infer/{model_id}", to_model)
@@ -163,8 +170,26 @@ def _protocol(view: v2.ProtocolView) -> Handler:
 async def offer(request: web.Request) -> web.Response:
     """Check the offer here, then ask the best workers in turn (module doc)."""
     checked = await check_offer_request(request)
+    return await _place(request, checked.body.avatar_id, checked.raw)
+
+
+async def new_session(request: web.Request) -> web.Response:
+    """A session no caller owns (``POST /sessions``): checked as in one process, then
+    placed as a call on its avatar is."""
+    settings = request.app[SETTINGS]
+    if request.app[DRAINING].draining:
+        raise SessionLimitError("the server is shutting down; try again shortly")
+    refuse_if_rate_limited(request)
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
+    body = parse_body(NewSession, raw, example='{"avatar": "demo"}')
+    require_token(request, settings.auth, body.avatar_id)
+    return await _place(request, body.avatar_id, raw)
+
+
+async def _place(request: web.Request, avatar_id: str, raw: bytes) -> web.Response:
+    """Forward a new session's request to the best workers in turn (module doc)."""
     front = request.app[FRONT]
-    tried = candidates(checked.body.avatar_id, list(front.workers.values()))
+    tried = candidates(avatar_id, list(front.workers.values()))
     if not tried:
         up = sum(w.usable for w in front.workers.values())
         raise RequestError(
@@ -177,7 +202,7 @@ async def offer(request: web.Request) -> web.Response:
     refusals = []
     for worker in tried:
         try:
-            response = await _forward(request, worker, checked.raw)
+            response = await _forward(request, worker, raw)
         except RequestError as exc:  # it did not answer: the next one may
             refusals.append(f"{worker.name}: {exc}")
             continue
