@@ -390,6 +390,23 @@ class BroadcastSettings(_Section):
     viewers_per_session: int = Field(default=50, ge=0, le=10_000)
 
 
+class OutputsSettings(_Section):
+    """Streams a session pushes out (RTMP, ``docs/architecture.md`` §21)."""
+
+    # Whether an output may go to a loopback, private, link-local or otherwise
+    # non-public address. Off: a client of the API cannot make the server connect into
+    # the network it runs in. Turn on for an ingest on your own network.
+    allow_private: bool = False
+    # Outputs one session may have at once.
+    max_per_session: int = Field(default=4, ge=0, le=64)
+    # The longest wait between two tries to reach an ingest that dropped or refused
+    # (the waits double from 1 s up to this).
+    retry_max_s: float = Field(default=30.0, ge=1, le=3600)
+    # Seconds to connect to an ingest, and the longest a write may block, before the
+    # try counts as failed.
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+
+
 class TtsSettings(_Section):
     """Text-to-speech for the ``say`` API."""
 
@@ -466,6 +483,7 @@ class Settings(_Section):
     video: VideoSettings = Field(default_factory=VideoSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
     broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
+    outputs: OutputsSettings = Field(default_factory=OutputsSettings)
     tts: TtsSettings = Field(default_factory=TtsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

@@ -7,6 +7,8 @@ Hierarchy::
     ├── SessionNotFoundError    no live session with that id (404)
     ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
     │   └── ViewerLimitError    the session has as many viewers as allowed (503)
+    ├── OutputError             an output's target is not one the server may push to (400)
+    ├── OutputLimitError        the session has as many outputs as allowed (409)
     ├── StreamBusyError         the session already has an audio stream open (409)
     ├── AvatarSwitchBusyError   the call is switching avatar already (409)
     └── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
@@ -35,6 +37,14 @@ class SessionLimitError(StreamingError):
 
 class ViewerLimitError(SessionLimitError):
     """A session has as many viewers as ``broadcast.viewers_per_session`` allows."""
+
+
+class OutputError(StreamingError):
+    """An output's target is malformed, or one the server may not push to."""
+
+
+class OutputLimitError(StreamingError):
+    """A session has as many outputs as ``outputs.max_per_session`` allows."""
 
 
 class StreamBusyError(StreamingError):

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import re
+import socket
 import wave
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -247,6 +248,7 @@ async def check(tmp_path: Path, document: Json, loopback: None) -> AsyncIterator
     settings = _settings(
         tmp_path,
         session={"max_audio_push_bytes": 100_000, "max_queued_audio_s": 1.0},
+        outputs={"allow_private": True, "max_per_session": 1},
     )
     async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:
         yield Conformance(client, document)
@@ -455,10 +457,34 @@ async def _check_broadcast_routes(check: Conformance) -> None:
             )
         await check("DELETE", leave, 200, path=location)
         await check("DELETE", leave, 404, path=location)
+        await _check_output_routes(check, sid)
         await check("DELETE", "/sessions/{session_id}", 200, path=f"/sessions/{sid}")
         await check("POST", watch, 404, path=f"/sessions/{sid}/whep", data=sdp, headers=sdp_type)
     finally:
         await pc.close()
+
+
+async def _check_output_routes(check: Conformance, sid: str) -> None:
+    outputs, one = "/sessions/{session_id}/outputs", "/sessions/{session_id}/outputs/{output_id}"
+    path = f"/sessions/{sid}/outputs"
+    assert (await check("GET", outputs, 200, path=path)).json() == {"outputs": []}
+    closed_port = f"rtmp://127.0.0.1:{_closed_port()}/live/key"  # it will only retry
+    added = (await check("POST", outputs, 201, path=path, json={"rtmp": closed_port})).json()
+    assert added["target"].endswith("/live/…")
+    for bad, status in (({"rtmp": "ftp://x/y/z"}, 400), ({"rtmp": closed_port}, 409)):
+        await check("POST", outputs, status, path=path, json=bad)
+    listed = (await check("GET", outputs, 200, path=path)).json()["outputs"]
+    assert [o["output_id"] for o in listed] == [added["output_id"]]
+    removed = f"{path}/{added['output_id']}"
+    assert (await check("DELETE", one, 200, path=removed)).json()["state"] == "ended"
+    await check("DELETE", one, 404, path=removed)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def _infer_body(n: int) -> bytes:

@@ -1,9 +1,13 @@
 """Sessions without a caller, and their viewers over WHEP (``docs/architecture.md`` §21).
 
-POST   /sessions                              {"avatar"} → a session no caller owns (201)
+POST   /sessions                              {"avatar", "outputs"?} → a session no
+                                              caller owns (201)
 POST   /sessions/{id}/whep                    application/sdp offer → 201, the SDP answer,
                                               Location of the viewer, ICE servers as Link
 DELETE /sessions/{id}/whep/{viewer_id}        the viewer leaves
+GET    /sessions/{id}/outputs                 the session's outputs and their state
+POST   /sessions/{id}/outputs                 {"rtmp": url} → pushed from now on (201)
+DELETE /sessions/{id}/outputs/{output_id}     stopped
 
 A callerless session speaks what ``/audio``, ``/say`` and the audio stream give it, its
 events are on ``/events`` and the audio stream, and ``DELETE /sessions/{id}`` ends it;
@@ -18,7 +22,9 @@ from __future__ import annotations
 from aiohttp import web
 from multidict import CIMultiDict
 
-from streaming.exceptions import OfferError, SessionLimitError
+from streaming.broadcast.rtmp import OutputStatus
+from streaming.broadcast.targets import check_target
+from streaming.exceptions import OfferError, OutputLimitError, SessionLimitError
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
@@ -26,8 +32,16 @@ from streaming.webrtc.turn import turn_server
 from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
 from web.errors import RequestError
 from web.offer_gate import refuse_if_rate_limited
-from web.request_body import parse_body, read_limited
-from web.schemas import DelayBudget, NewSession, SessionCreated, ViewerLeft
+from web.request_body import parse_body, read_json, read_limited
+from web.schemas import (
+    DelayBudget,
+    NewSession,
+    OutputList,
+    OutputState,
+    OutputTarget,
+    SessionCreated,
+    ViewerLeft,
+)
 from web.session_tokens import require_token
 
 SDP = "application/sdp"
@@ -42,7 +56,21 @@ async def create_session(request: web.Request) -> web.Response:
     body = parse_body(NewSession, raw, example='{"avatar": "demo"}')
     require_token(request, settings.auth, body.avatar_id)
     request.app[CORE].check_registered(body.avatar_id)
+    outputs = settings.outputs
+    if len(body.outputs) > outputs.max_per_session:
+        raise OutputLimitError(
+            f"{len(body.outputs)} outputs asked for; outputs.max_per_session is "
+            f"{outputs.max_per_session}"
+        )
+    for target in body.outputs:  # refused before any session is made
+        await check_target(target.rtmp, allow_private=outputs.allow_private)
     session = await request.app[SESSIONS].create_callerless(body.avatar_id, request.remote)
+    try:
+        for target in body.outputs:
+            await session.outputs.add_rtmp(target.rtmp)
+    except BaseException:
+        await session.close("offer failed")
+        raise
     created = SessionCreated(
         session_id=session.session_id,
         avatar=session.avatar_id,
@@ -98,6 +126,32 @@ async def leave(request: web.Request) -> web.Response:
     return web.json_response(ViewerLeft(viewer_id=viewer_id, state="closed").dump())
 
 
+async def list_outputs(request: web.Request) -> web.Response:
+    """The session's outputs, with their state and counters."""
+    session = _watched(request)
+    listed = OutputList(outputs=[_state(s) for s in session.outputs.statuses()])
+    return web.json_response(listed.dump())
+
+
+async def add_output(request: web.Request) -> web.Response:
+    """Push the session to one more target, from its next keyframe (201)."""
+    session = _watched(request)
+    body = await read_json(request, OutputTarget, 4096)
+    status = await session.outputs.add_rtmp(body.rtmp)
+    return web.json_response(_state(status).dump(), status=201)
+
+
+async def remove_output(request: web.Request) -> web.Response:
+    """Stop one output (it closes its stream first, within a few seconds)."""
+    session = _watched(request)
+    status = await session.outputs.remove(request.match_info["output_id"])
+    return web.json_response(_state(status).dump())
+
+
+def _state(status: OutputStatus) -> OutputState:
+    return OutputState.model_validate(status, from_attributes=True)
+
+
 def ice_server_links(request: web.Request) -> list[str]:
     """The ICE servers a viewer may use, as RFC 9725 ``Link`` header values (TURN with
     fresh credentials for this viewer)."""
@@ -130,3 +184,6 @@ def add_broadcast_routes(app: web.Application) -> None:
     app.router.add_post("/sessions", create_session)
     app.router.add_post("/sessions/{session_id}/whep", whep)
     app.router.add_delete("/sessions/{session_id}/whep/{viewer_id}", leave)
+    app.router.add_get("/sessions/{session_id}/outputs", list_outputs)
+    app.router.add_post("/sessions/{session_id}/outputs", add_output)
+    app.router.add_delete("/sessions/{session_id}/outputs/{output_id}", remove_output)

@@ -106,6 +106,9 @@ _CODES: dict[str, str] = {
     "tts_failed": "the text-to-speech engine failed",
     "too_many_viewers": "the session has `broadcast.viewers_per_session` viewers already",
     "unsupported_media_type": "the body is not the content type the route takes",
+    "bad_output": "an output's target is malformed, does not resolve, or is a private "
+    "address while `outputs.allow_private` is off",
+    "too_many_outputs": "the session has `outputs.max_per_session` outputs already",
     "too_many_sessions": "no capacity for one more session (server.max_sessions, a device's "
     "inference budget or the CPU budget), or the server is stopping",
     "tts_unavailable": "no text-to-speech engine is configured or installed",
@@ -162,6 +165,7 @@ SESSION_AUTH = (
 # Path parameters by name: each is a shared component.
 _PATH_PARAMETERS: dict[str, tuple[str, Json, str]] = {
     "session_id": ("SessionId", {"type": "string"}, "From `POST /offer` or `POST /sessions`."),
+    "output_id": ("OutputId", {"type": "string"}, "From `POST .../outputs`."),
     "viewer_id": (
         "ViewerId",
         {"type": "string"},

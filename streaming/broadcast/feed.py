@@ -179,5 +179,10 @@ class ViewerVideo:
         self._feed.request_keyframe()
         return payload_packet([], 0)
 
+    def resync(self) -> None:
+        """The viewer lost what it was sent last (an output dropped it): from the next IDR
+        on again."""
+        self._last_sent = None
+
     def sent(self, index: int) -> None:
         pass

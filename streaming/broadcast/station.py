@@ -75,4 +75,3 @@ class Station:
         self._video.stop()
         self._audio.stop()
         self._closed = True
-

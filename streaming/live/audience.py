@@ -205,12 +205,13 @@ class Audience:
         viewers = list(self._viewers.values())
         await asyncio.gather(*(v.close("session ended") for v in viewers))
 
-    async def unwatched(self, timeout_s: float) -> str:
-        """Return ``"idle"`` once the session has had neither audio nor a viewer for
-        ``timeout_s`` (what ends a callerless session by itself)."""
+    async def unwatched(self, timeout_s: float, *, also: Callable[[], int]) -> str:
+        """Return ``"idle"`` once the session has had neither audio nor a viewer, nor
+        anything ``also()`` counts (its outputs), for ``timeout_s`` (what ends a
+        callerless session by itself)."""
         while True:
             await self._activity.idle(timeout_s)
-            if not self.count:
+            if not self.count and not also():
                 logger.info(
                     "session idle and unwatched for %g s: session=%s", timeout_s, self._session_id
                 )

@@ -107,6 +107,7 @@ class Session:
         self.events = parts.events
         self.report = parts.report
         self.audience = parts.audience
+        self.outputs = parts.outputs
         self._tasks = parts.tasks
         self._on_closed = on_closed
         self._switching = False  # a switch of avatar is loading or dissolving
@@ -175,7 +176,8 @@ class Session:
         station.start()
         idle_timeout_s = shared.settings.session.idle_timeout_s
         if idle_timeout_s > 0:
-            parts.tasks.spawn("watchdog", parts.audience.unwatched(idle_timeout_s))
+            watchdog = parts.audience.unwatched(idle_timeout_s, also=lambda: parts.outputs.count)
+            parts.tasks.spawn("watchdog", watchdog)
         return cls(parts, station, on_closed=on_closed)
 
     # -- what a call is now ---------------------------------------------------------
@@ -266,7 +268,9 @@ class Session:
             link=None if self.peer.link is None else self.peer.link.snapshot(),
         )
         caller = not isinstance(self.peer, Station)
-        return replace(snapshot, caller=caller, viewers=self.audience.count)
+        return replace(
+            snapshot, caller=caller, viewers=self.audience.count, outputs=self.outputs.count
+        )
 
     # -- control --------------------------------------------------------------------
 
@@ -378,6 +382,7 @@ class Session:
         self.events.end(reason)
         await self.peer.flush_events(FLUSH_EVENTS_S)  # session_ended before the close
         await self.audience.close()
+        await self.outputs.close()
         abandoned = await self._tasks.stop(self.pipeline.in_flight)
         self.pipeline.feed.close()
         await self.peer.close()

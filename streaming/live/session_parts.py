@@ -1,7 +1,7 @@
 """The parts every live session is built of, call or callerless, in the order they need
 each other (``docs/architecture.md`` §1, §7): its tasks, events and speech events, the
-activity its idle watchdog reads, the pipeline, the app audio, its report and its
-audience. :class:`~streaming.live.session.Session` adds what pulls the media: the
+activity its idle watchdog reads, the pipeline, the app audio, its report, its
+audience and its outputs. :class:`~streaming.live.session.Session` adds what pulls the media: the
 caller's peer, or a callerless session's station.
 """
 
@@ -13,6 +13,7 @@ from streaming.live.app_audio import AppAudio
 from streaming.live.audience import Audience
 from streaming.live.avatar import CallAvatar, preload
 from streaming.live.events import SessionEvents
+from streaming.live.outputs import Outputs
 from streaming.live.pipeline import CallResources, LivePipeline
 from streaming.live.reporting import SessionReport
 from streaming.live.speech import SpeechEvents
@@ -33,6 +34,7 @@ class SessionParts:
     app_audio: AppAudio
     report: SessionReport
     audience: Audience
+    outputs: Outputs
 
     def start(self, avatar: CallAvatar, shared: CallResources) -> None:
         """Start the session's media loop and the preload of its frames."""
@@ -74,6 +76,7 @@ def build_parts(
     audience = Audience(
         session_id, pipeline, events, activity, settings=settings, encoders=shared.encoders
     )
+    outputs = Outputs(session_id, pipeline, shared.encoders, settings.outputs)
     return SessionParts(
-        session_id, tasks, events, speech, activity, pipeline, app_audio, report, audience
+        session_id, tasks, events, speech, activity, pipeline, app_audio, report, audience, outputs
     )

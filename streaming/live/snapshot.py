@@ -102,6 +102,7 @@ class SessionSnapshot:
     link: LinkSnapshot | None = None
     caller: bool = True  # False: a session made by POST /sessions (docs/architecture.md §21)
     viewers: int = 0  # viewers watching it now (WHEP)
+    outputs: int = 0  # streams it pushes out now (RTMP)
 
 
 @dataclass

@@ -35,7 +35,14 @@ from web.schemas.admin import (
     Worker,
 )
 from web.schemas.base import Error, ErrorDetail, RequestModel, ResponseModel
-from web.schemas.broadcast import NewSession, SessionCreated, ViewerLeft
+from web.schemas.broadcast import (
+    NewSession,
+    OutputList,
+    OutputState,
+    OutputTarget,
+    SessionCreated,
+    ViewerLeft,
+)
 from web.schemas.inference import MAX_REQUEST_FRAMES, InferQuery
 from web.schemas.inference_protocol import (
     OipConfigTensor,
@@ -143,6 +150,9 @@ __all__ = [
     "OipTensor",
     "OpenApiDocument",
     "Operation",
+    "OutputList",
+    "OutputState",
+    "OutputTarget",
     "PlayedUtterance",
     "Queued",
     "Ready",

@@ -25,7 +25,14 @@ from web.schemas.admin import (
     Stats,
 )
 from web.schemas.base import Error
-from web.schemas.broadcast import NewSession, SessionCreated, ViewerLeft
+from web.schemas.broadcast import (
+    NewSession,
+    OutputList,
+    OutputState,
+    OutputTarget,
+    SessionCreated,
+    ViewerLeft,
+)
 from web.schemas.inference import InferQuery
 from web.schemas.inference_protocol import (
     OipIndexRequest,
@@ -106,6 +113,7 @@ SESSION_OPERATIONS = (
         access="session",
         errors={
             404: ("model_not_found",),
+            409: ("too_many_outputs",),
             413: ("body_too_large",),
             429: ("rate_limited",),
             500: (*_MODEL_OPEN_500, "streaming_failed"),
@@ -150,6 +158,45 @@ SESSION_OPERATIONS = (
         "sessions",
         "Stop watching a session (a WHEP viewer's `Location`)",
         (Reply(200, "The viewer's connection is closed.", ViewerLeft),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "list_outputs",
+        "get",
+        "/sessions/{session_id}/outputs",
+        "sessions",
+        "The streams a session pushes out, with their state and counters",
+        (Reply(200, "Oldest first.", OutputList),),
+        access="session",
+        errors=_NO_SESSION,
+    ),
+    Operation(
+        "add_output",
+        "post",
+        "/sessions/{session_id}/outputs",
+        "sessions",
+        "Push the session to an RTMP ingest (H.264 + AAC in FLV)",
+        (Reply(201, "Pushed from the session's next keyframe; it goes `live` then.", OutputState),),
+        description="The session's own encode, not encoded again. An ingest that refuses "
+        "or drops is tried again, the waits doubling up to `outputs.retry_max_s`. Targets "
+        "on loopback or private addresses are refused unless `outputs.allow_private` is on "
+        "(docs/architecture.md §21).",
+        body=OutputTarget,
+        access="session",
+        errors={
+            **_NO_SESSION,
+            409: ("too_many_outputs",),
+            413: ("body_too_large",),
+        },
+    ),
+    Operation(
+        "remove_output",
+        "delete",
+        "/sessions/{session_id}/outputs/{output_id}",
+        "sessions",
+        "Stop one output (its stream is closed first)",
+        (Reply(200, "Its last state.", OutputState),),
         access="session",
         errors=_NO_SESSION,
     ),

@@ -322,6 +322,7 @@ class SessionState(ResponseModel):
     )
     caller: bool = Field(description="False for a session made by `POST /sessions`.")
     viewers: Count = Field(description="Viewers watching it now (`POST .../whep`).")
+    outputs: Count = Field(description="Streams it pushes out now (`GET .../outputs`).")
 
 
 class HungUp(ResponseModel):
