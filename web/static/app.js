@@ -2,7 +2,8 @@
 // client any page can use). It publishes, for tests, window.lipstreamStats (the call's
 // receive stats, refreshed every second) and window.lipstreamEvents (the server events
 // received on the call's data channel, in order). During a call the avatar picker
-// switches the running call's avatar and the clip picker sets its idle clip.
+// switches the running call's avatar and the clip picker sets its idle clip, and a link
+// opens the call's session in the viewer page (watch.html) in a new tab.
 
 import { connect, listAvatars, LipstreamError, openMicrophone } from "./lipstream.js";
 
@@ -34,6 +35,8 @@ const ui = {
   startMic: $("start-mic"),
   startNoMic: $("start-no-mic"),
   hangUp: $("hang-up"),
+  watch: $("watch"),
+  watchLink: $("watch-link"),
   playSample: $("play-sample"),
   interrupt: $("interrupt"),
   sayForm: $("say-form"),
@@ -91,6 +94,14 @@ function setCallState(phase) {
   for (const control of [ui.playSample, ui.interrupt, ui.sayText, ui.say]) {
     control.disabled = phase !== "connected";
   }
+}
+
+/** Offer the viewer page for the call's session, or nothing (`sessionId` null). */
+function showWatchLink(sessionId) {
+  ui.watch.hidden = !sessionId;
+  const viewer = new URL("watch.html", import.meta.url);
+  if (sessionId) viewer.searchParams.set("session", sessionId);
+  ui.watchLink.href = viewer.href;
 }
 
 // The link's figures need two readings: the received bitrate over the last second
@@ -196,6 +207,7 @@ function resetPage(live) {
   live.abort.abort();
   for (const track of live.microphone?.getTracks() ?? []) track.stop();
   ui.video.srcObject = null;
+  showWatchLink(null);
   showClips([], null);
   publishStats({ ...EMPTY_STATS });
   showSpeaking(null);
@@ -240,6 +252,7 @@ async function start(withMic) {
     live.statsTimer = setInterval(() => updateStats(live), STATS_INTERVAL_MS);
     publishStats({ ...window.lipstreamStats, state: call.pc.connectionState });
     showClips(avatarsById.get(avatar)?.clips ?? [], null);
+    showWatchLink(call.sessionId);
     setCallState("connected");
     refreshClips(live).catch((err) => console.warn("cannot read the idle clips", err));
     showStatus(live.microphone ? "Connected: speak, and the avatar lip-syncs your voice." : "Connected.");

@@ -18,17 +18,25 @@
 //   stream.end();                                                // the utterance is complete
 //   await call.hangUp();
 //
+//   // Watch a session (WHEP): one no caller owns, made by createSession(), or a call.
+//   const { session_id } = await createSession("https://avatar.example", { avatar: "demo", token });
+//   const viewer = await watch({ baseUrl: "https://avatar.example", sessionId: session_id, video, token });
+//   viewer.addEventListener("speech_started", (e) => console.log("speaking", e.detail.utterance));
+//   await viewer.leave();                                        // the session goes on
+//
 // Every error the server answers ({"error": {"code", "message"}}) rejects with a
 // LipstreamError carrying its HTTP status, code and Retry-After.
 //
 // Signalling is one HTTP exchange: the server does not trickle ICE, so the offer is sent
 // once ICE gathering is complete (or has run for iceGatheringTimeoutMs) with every
-// candidate in it.
+// candidate in it. A viewer's offer is the body of `POST /sessions/{id}/whep` itself
+// (`application/sdp`, as WHEP players send it).
 
 const DEFAULT_ICE_GATHERING_TIMEOUT_MS = 5000;
 const DEFAULT_CONNECT_TIMEOUT_MS = 20000;
 const HANG_UP_TIMEOUT_MS = 5000;
 const EVENTS_CHANNEL = "lipstream";
+const SDP = "application/sdp";
 // Typed arrays use the platform's byte order; the wire is little-endian.
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -101,11 +109,8 @@ async function errorFrom(response, what) {
   return new LipstreamError(response.status, "http_error", message, { retryAfter });
 }
 
-/**
- * fetch() a JSON API. Resolves the parsed body (null when empty); rejects with a
- * LipstreamError.
- */
-async function request(baseUrl, method, path, { json, body, contentType, token, timeoutMs, signal } = {}) {
+/** fetch() one request of the API. Resolves its Response once it is a success; rejects with a LipstreamError. */
+async function send(baseUrl, method, path, { json, body, contentType, token, timeoutMs, signal } = {}) {
   const url = urlOf(baseUrl, path);
   const headers = {};
   const init = { method, headers, mode: "cors" };
@@ -130,10 +135,20 @@ async function request(baseUrl, method, path, { json, body, contentType, token, 
     });
   }
   if (!response.ok) throw await errorFrom(response, what);
+  return response;
+}
+
+/**
+ * fetch() a JSON API. Resolves the parsed body (null when empty); rejects with a
+ * LipstreamError.
+ */
+async function request(baseUrl, method, path, options = {}) {
+  const response = await send(baseUrl, method, path, options);
   const text = await response.text();
   try {
     return text ? JSON.parse(text) : null;
   } catch (err) {
+    const what = `${method} ${new URL(response.url).pathname}`;
     throw new LipstreamError(response.status, "http_error", `${what} answered something that is not JSON`, {
       cause: err,
     });
@@ -324,6 +339,138 @@ export async function connect({
 }
 
 /**
+ * Open a session that no caller owns (`POST /sessions`): the avatar's media runs from
+ * now on, for viewers (see watch()). It speaks what the session API gives it
+ * (`POST /sessions/{id}/say`, `/audio`, the audio stream) and ends with endSession().
+ * @param {string|URL} [baseUrl] the server (default: the one that served this module)
+ * @param {{avatar?: string, token?: string}} [options] avatar: an avatar id (the server's
+ *   default is `demo`); token: when the server has auth.jwt_secret set
+ * @returns {Promise<{session_id: string, avatar: string, whep: string, delay: object}>}
+ *   `whep`: the path viewers offer to
+ */
+export async function createSession(baseUrl, { avatar, token } = {}) {
+  return request(baseUrl, "POST", "sessions", { json: { avatar: avatar || undefined }, token });
+}
+
+/**
+ * End a session (`DELETE /sessions/{id}`): one made by createSession(), or a call. Its
+ * viewers get `session_ended` and end with it. Rejects with `session_not_found` if it
+ * has already ended.
+ * @param {string|URL} [baseUrl] the server (default: the one that served this module)
+ * @param {string} sessionId
+ * @param {{token?: string}} [options]
+ * @returns {Promise<void>}
+ */
+export async function endSession(baseUrl, sessionId, { token } = {}) {
+  if (!sessionId) throw new TypeError("endSession() needs the sessionId of the session to end");
+  await request(baseUrl, "DELETE", sessionPath(sessionId), { token });
+}
+
+/** The ICE servers of a Link header (RFC 9725: `<url>; rel="ice-server"; username=…; credential=…`). */
+function iceServersOf(link) {
+  const servers = [];
+  const links = /<([^>]*)>((?:\s*;\s*[^;,=\s]+\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;,]*))*)/g;
+  for (const [, url, params] of (link ?? "").matchAll(links)) {
+    const fields = {};
+    for (const [, name, raw] of params.matchAll(/;\s*([^;,=\s]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;,]*)/g)) {
+      fields[name.toLowerCase()] = raw.startsWith('"') ? raw.slice(1, -1).replace(/\\(.)/g, "$1") : raw.trim();
+    }
+    if (!(fields.rel ?? "").split(/\s+/).includes("ice-server")) continue;
+    const server = { urls: url.trim() };
+    if (fields.username !== undefined) server.username = fields.username;
+    if (fields.credential !== undefined) server.credential = fields.credential;
+    servers.push(server);
+  }
+  return servers;
+}
+
+/**
+ * Watch a session over WHEP: receive its video, audio and events, and send nothing. Any
+ * session can be watched: one made by createSession(), or a call. Resolves once the
+ * media connection (and the events data channel, when asked for) is up.
+ *
+ * The offer is receive-only (H.264 video, Opus audio unless `receiveAudio` is false, the
+ * `lipstream` data channel unless `dataChannel` is false), sent with every ICE candidate
+ * in it as the body of `POST /sessions/{id}/whep`; the answer's Location is the viewer
+ * (leave() deletes it). Refusals reject with the server's LipstreamError:
+ * `session_not_found`, `too_many_viewers` (retryAfter set), `unauthorized`, `bad_offer`.
+ *
+ * @param {object} options
+ * @param {string|URL} [options.baseUrl] the server (default: the one that served this module)
+ * @param {string} options.sessionId the session to watch
+ * @param {HTMLMediaElement|null} [options.video] an element to play the session in (its
+ *   srcObject is set to viewer.stream once connected); or attach viewer.stream yourself
+ * @param {string} [options.token] session token, when the server has auth.jwt_secret set
+ * @param {RTCIceServer[]} [options.iceServers] STUN/TURN servers; by default the server's
+ *   (`GET /webrtc-config`, the same as the answer's Link headers list: the offer carries
+ *   every candidate, so they must be known before it is made)
+ * @param {boolean} [options.receiveAudio=true] receive the avatar's voice with the video
+ * @param {boolean} [options.dataChannel=true] open the `lipstream` data channel: the
+ *   session's events arrive on the viewer
+ * @param {boolean} [options.opusDtx=true] ask for the avatar's silence as Opus DTX (see withOpusDtx)
+ * @param {number} [options.iceGatheringTimeoutMs=5000] as for connect()
+ * @param {number} [options.connectTimeoutMs=20000] as for connect()
+ * @param {AbortSignal} [options.signal] aborts the attempt (a viewer already answered leaves)
+ * @returns {Promise<Viewer>}
+ */
+export async function watch({
+  baseUrl,
+  sessionId,
+  video = null,
+  token,
+  iceServers,
+  receiveAudio = true,
+  dataChannel = true,
+  opusDtx = true,
+  iceGatheringTimeoutMs = DEFAULT_ICE_GATHERING_TIMEOUT_MS,
+  connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
+  signal,
+} = {}) {
+  if (!sessionId || typeof sessionId !== "string") {
+    throw new TypeError("watch() needs the sessionId of the session to watch");
+  }
+  if (video != null && !(video instanceof HTMLMediaElement)) {
+    throw new TypeError("watch({video}) takes a <video> (or <audio>) element");
+  }
+  signal?.throwIfAborted();
+  const servers = iceServers ?? (await request(baseUrl, "GET", "webrtc-config", { token, signal }))?.iceServers;
+  signal?.throwIfAborted();
+  const pc = new RTCPeerConnection({ iceServers: servers ?? [] });
+  const viewer = new Viewer(pc, { baseUrl, token, sessionId });
+  try {
+    pc.addTransceiver("video", { direction: "recvonly" });
+    if (receiveAudio) pc.addTransceiver("audio", { direction: "recvonly" });
+    if (dataChannel) viewer._useChannel(pc.createDataChannel(EVENTS_CHANNEL));
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc, iceGatheringTimeoutMs);
+    signal?.throwIfAborted();
+    const offer = pc.localDescription.sdp;
+    // Not aborted midway: the server may have made the viewer, and only its answer names it.
+    const response = await send(baseUrl, "POST", sessionPath(sessionId, "whep"), {
+      body: opusDtx ? withOpusDtx(offer) : offer,
+      contentType: SDP,
+      token,
+    });
+    const answer = await response.text();
+    viewer._joined(response.headers.get("Location"), response.headers.get("Link"));
+    signal?.throwIfAborted(); // aborted while the server answered: the viewer leaves
+    await pc.setRemoteDescription({ type: "answer", sdp: answer });
+    viewer._watchTransport();
+    await viewer._connected(connectTimeoutMs, signal);
+    if (video) {
+      video.srcObject = viewer.stream;
+      video.play().catch((err) => {
+        if (err.name === "NotAllowedError") video.controls = true; // autoplay with sound refused: press play
+      });
+    }
+    return viewer;
+  } catch (err) {
+    await viewer._end("watch failed", err, { hangUp: true }).catch(() => {});
+    throw signal?.aborted ? abortError(signal) : err;
+  }
+}
+
+/**
  * A call in progress, made by connect(). An EventTarget dispatching:
  * - each server event received on the `lipstream` data channel (docs/apps.md) as a
  *   CustomEvent of its type (`speech_started`, `speech_ended` with `played_ms` and
@@ -464,14 +611,16 @@ export class Call extends EventTarget {
    * `width`, `height`, `codec` (e.g. `video/H264`), `rttMs`, `state` (the connection
    * state) and `timestamp` (ms, the inbound video report's own clock); and how the link
    * treats the video: `bytesReceived`, `packetsReceived`, `packetsLost`, `freezes` (the
-   * browser's own count), `jitterBufferMs` (the mean jitter-buffer delay so far) and
-   * `audioConcealed` (the share of the voice's samples the browser had to make up).
+   * browser's own count), `jitterBufferMs` (the mean jitter-buffer delay so far),
+   * `audioConcealed` (the share of the voice's samples the browser had to make up) and
+   * `audioEnergy` (the voice's total audio energy so far: it grows only while the avatar
+   * is heard).
    * Two readings give the received bitrate: bytes over the timestamps' difference.
    * @returns {Promise<{fps: number|null, framesDecoded: number, width: number|null,
    *   height: number|null, codec: string|null, rttMs: number|null, state: string,
    *   timestamp: number|null, bytesReceived: number, packetsReceived: number,
    *   packetsLost: number, freezes: number|null, jitterBufferMs: number|null,
-   *   audioConcealed: number|null}>}
+   *   audioConcealed: number|null, audioEnergy: number|null}>}
    */
   async stats() {
     return readStats(await this.pc.getStats(), this.pc.connectionState);
@@ -631,7 +780,7 @@ export class Call extends EventTarget {
       globalThis.removeEventListener?.("pagehide", this._onPageHide);
       for (const stream of this._streams) stream.close();
       try {
-        if (hangUp && this.sessionId) await this._deleteSession();
+        if (hangUp && this._endPath()) await this._deleteOnServer();
       } finally {
         // Close only after the server has answered: a closed connection makes the server
         // end the session on its own, and the hang-up would then race it.
@@ -643,9 +792,14 @@ export class Call extends EventTarget {
     return this._ended;
   }
 
-  async _deleteSession() {
+  /** What ending it deletes on the server: the call's session (null before it has one). */
+  _endPath() {
+    return this.sessionId ? sessionPath(this.sessionId) : null;
+  }
+
+  async _deleteOnServer() {
     try {
-      await request(this._baseUrl, "DELETE", sessionPath(this.sessionId), {
+      await request(this._baseUrl, "DELETE", this._endPath(), {
         token: this._token,
         timeoutMs: HANG_UP_TIMEOUT_MS,
       });
@@ -658,9 +812,10 @@ export class Call extends EventTarget {
   _leavePage() {
     if (this.closed) return;
     this._ended = Promise.resolve();
-    if (this.sessionId) {
+    const path = this._endPath();
+    if (path) {
       const headers = this._token ? { Authorization: `Bearer ${this._token}` } : {};
-      fetch(urlOf(this._baseUrl, sessionPath(this.sessionId)), { method: "DELETE", headers, keepalive: true }).catch(
+      fetch(urlOf(this._baseUrl, path), { method: "DELETE", headers, keepalive: true }).catch(
         () => {}, // the page is going away: nobody is left to tell
       );
     }
@@ -676,6 +831,65 @@ export class Call extends EventTarget {
   async _request(method, action, options = {}) {
     this._requireLive();
     return request(this._baseUrl, method, sessionPath(this.sessionId, action), { ...options, token: this._token });
+  }
+}
+
+/**
+ * A viewer of a session, made by watch(): what a Call receives (`stream`, the session's
+ * events on the `lipstream` data channel, `stats()`, `state()`), and nothing sent. It
+ * dispatches what a Call does; `ended` has the reason `left` after leave(), or the
+ * `session_ended` event's when the session ends. The session's own requests (say(),
+ * pushAudio(), interrupt(), … over HTTP) work as a call's do; the data channel carries
+ * events only, so interrupt() always goes over HTTP.
+ */
+export class Viewer extends Call {
+  /** @internal use watch() */
+  constructor(pc, { baseUrl, token, sessionId }) {
+    super(pc, { baseUrl, token });
+    this.sessionId = sessionId;
+    /** The viewer on the server (its answer's Location: leave() deletes it), once answered. @type {string|null} */
+    this.location = null;
+    /** The viewer's id, once answered. @type {string|null} */
+    this.viewerId = null;
+    /** The ICE servers the server listed for this viewer (its answer's Link headers). @type {RTCIceServer[]} */
+    this.iceServers = [];
+  }
+
+  /**
+   * Stop watching: `DELETE` the viewer, then close the peer connection; the session goes
+   * on. Resolves once the server has answered (a viewer already gone is fine); calling it
+   * again returns the same promise.
+   * @returns {Promise<void>}
+   */
+  leave() {
+    return this._end("left", null, { hangUp: true });
+  }
+
+  /** leave(). @returns {Promise<void>} */
+  close() {
+    return this.leave();
+  }
+
+  /** leave(): a viewer never ends the session it watches (endSession() does). @returns {Promise<void>} */
+  hangUp() {
+    return this.leave();
+  }
+
+  /** Call.interrupt(), always over HTTP (a viewer's data channel takes no requests). */
+  interrupt(options = {}) {
+    return super.interrupt({ ...options, transport: "http" });
+  }
+
+  _joined(location, link) {
+    // A page of another origin reads the Location only if the server exposes it; without
+    // it, leave() closes the connection and the server drops the viewer when it notices.
+    this.location = location;
+    this.viewerId = location ? decodeURIComponent(location.replace(/\/+$/, "").split("/").pop()) : null;
+    this.iceServers = iceServersOf(link);
+  }
+
+  _endPath() {
+    return this.location;
   }
 }
 
@@ -883,5 +1097,6 @@ function readStats(report, state) {
     audioConcealed: audio?.totalSamplesReceived
       ? audio.concealedSamples / audio.totalSamplesReceived
       : null,
+    audioEnergy: audio?.totalAudioEnergy ?? null,
   };
 }

@@ -2,8 +2,10 @@
 
 :func:`connect` opens a WebRTC call with aiortc and returns a :class:`Call` (received
 video and audio frames, session events, session control: speech, interrupts, switching
-the avatar and its idle clip); :class:`Client` is the HTTP side alone (text-to-speech,
-pushed audio, server-sent events, :class:`AudioStream`).
+the avatar and its idle clip); :func:`watch` makes a receive-only :class:`Viewer` of any
+session over WHEP (one of :meth:`Client.create_session`'s, that no caller owns, or a
+call); :class:`Client` is the HTTP side alone (text-to-speech, pushed audio, server-sent
+events, :class:`AudioStream`).
 Errors are :class:`LipstreamError` subclasses named after the server's error codes.
 
 This package talks to the server over its public protocol only: it must not import the
@@ -37,6 +39,7 @@ from lipstream_client.errors import (
     StreamBusy,
     StreamClosed,
     TooManySessions,
+    TooManyViewers,
     TtsUnavailable,
     Unauthorized,
 )
@@ -47,6 +50,7 @@ from lipstream_client.models import (
     Avatar,
     AvatarSwitched,
     CallStats,
+    CreatedSession,
     DelayBudget,
     Event,
     IceServer,
@@ -55,8 +59,10 @@ from lipstream_client.models import (
     QueueSizes,
     VideoFrame,
     WebRtcConfig,
+    WhepAnswer,
 )
 from lipstream_client.sse import EventStream
+from lipstream_client.viewer import Viewer, watch
 
 __all__ = [
     "ERRORS_BY_CODE",
@@ -76,6 +82,7 @@ __all__ = [
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "CreatedSession",
     "DelayBudget",
     "Event",
     "EventStream",
@@ -95,10 +102,14 @@ __all__ = [
     "StreamBusy",
     "StreamClosed",
     "TooManySessions",
+    "TooManyViewers",
     "TtsUnavailable",
     "Unauthorized",
     "VideoFrame",
+    "Viewer",
     "WebRtcConfig",
+    "WhepAnswer",
     "connect",
     "open_call",
+    "watch",
 ]

@@ -7,7 +7,10 @@ server does not trickle). Received tracks are always drained into bounded queues
 aiortc's own are unbounded: an app that does not read them loses the oldest frames, not
 memory.
 
-Why one module of about 400 lines: :func:`connect` and :func:`open_call` build exactly
+What a call receives (tracks drained, events from the data channel, the wait for ICE)
+is :class:`Receiver`, which a session's viewer (:mod:`lipstream_client.viewer`) shares.
+
+Why one module of about 480 lines: :func:`connect` and :func:`open_call` build exactly
 the peer connection :class:`Call` drains and hangs up; split, the offer's shape and the
 tracks it promises would live apart.
 """
@@ -19,9 +22,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import av
 import numpy as np
@@ -64,12 +67,15 @@ VIDEO_CLOCK_HZ = 90_000
 STOP_TIMEOUT_S = 5.0
 
 
-class Call:
-    """One call: its session, its received media and events, and session control.
+class Receiver:
+    """What a call and a viewer receive: the peer connection's tracks drained into
+    bounded queues, and the session's events from its ``lipstream`` data channel.
 
-    Made by :func:`connect`; ``async with`` hangs up on exit. ``video_frames()``,
-    ``audio_frames()`` and ``events()`` are bounded queues, each read by one consumer.
+    ``video_frames()``, ``audio_frames()`` and ``events()`` are bounded queues, each read
+    by one consumer. :attr:`kind` names it in logs and errors.
     """
+
+    kind: ClassVar[str] = "receiver"
 
     def __init__(
         self,
@@ -83,8 +89,6 @@ class Call:
         self.client = client
         self.pc = pc
         self.session_id = ""
-        self.avatar = ""
-        self.delay: DelayBudget | None = None
         self._fps = fps
         self._owns_client = owns_client
         self._video: DropOldestQueue[VideoFrame] = DropOldestQueue(queues.video)
@@ -99,15 +103,6 @@ class Call:
 
     # -- set-up -----------------------------------------------------------------------
 
-    async def _offer(self, avatar: str) -> None:
-        await self.pc.setLocalDescription(await self.pc.createOffer())  # gathers all of ICE
-        answer = await self.client.offer(self.pc.localDescription.sdp, avatar)
-        self.session_id = answer.session_id
-        self.avatar = avatar
-        self.delay = answer.delay
-        logger.info("call %s: offer answered for avatar %s", self.session_id, avatar)
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer.sdp, answer.type))
-
     def _open_events_channel(self, size: int) -> None:
         channel = self.pc.createDataChannel(EVENTS_CHANNEL)
         events: DropOldestQueue[Event] = DropOldestQueue(size)
@@ -119,9 +114,7 @@ class Call:
             except ValueError:
                 event = None
             if not isinstance(event, dict):
-                logger.warning(
-                    "call %s: ignoring a data channel message %.200r", self.session_id, message
-                )
+                logger.warning("%s: ignoring a data channel message %.200r", self._label(), message)
                 return
             events.put(event)
 
@@ -132,6 +125,10 @@ class Call:
         self._channel = channel
 
     # -- state ------------------------------------------------------------------------
+
+    def _label(self) -> str:
+        """What logs and errors call it."""
+        return f"{self.kind} {self.session_id}"
 
     @property
     def connection_state(self) -> str:
@@ -149,19 +146,19 @@ class Call:
                 while not self._ready():
                     if self.connection_state in ("failed", "closed"):
                         raise ConnectionFailed(
-                            f"call {self.session_id}: the connection is {self.connection_state}",
+                            f"{self._label()}: the connection is {self.connection_state}",
                             code="connection_failed",
                         )
                     if self._channel is not None and self._channel.readyState == "closed":
                         raise ConnectionFailed(
-                            f"call {self.session_id}: the server closed the events data channel",
+                            f"{self._label()}: the server closed the events data channel",
                             code="connection_failed",
                         )
                     self._state_changed.clear()
                     await self._state_changed.wait()
         except TimeoutError:
             raise ConnectionFailed(
-                f"call {self.session_id}: not connected within {timeout_s:g} s "
+                f"{self._label()}: not connected within {timeout_s:g} s "
                 f"(state {self.connection_state})",
                 code="connection_failed",
             ) from None
@@ -185,11 +182,11 @@ class Call:
             events_dropped=events.dropped if events is not None else 0,
         )
 
-    # -- what the call receives -------------------------------------------------------
+    # -- what is received -------------------------------------------------------------
 
     def video_frames(self) -> DropOldestQueue[VideoFrame]:
         """The received video, decoded: ``async for frame in call.video_frames()``; ends
-        when the call does."""
+        when the call (or viewer) does."""
         return self._video
 
     def audio_frames(self) -> DropOldestQueue[AudioFrame]:
@@ -198,11 +195,12 @@ class Call:
 
     def events(self) -> DropOldestQueue[Event]:
         """Session events from the data channel (docs/apps.md, Events); ends when the
-        channel closes. For a call opened without one, use ``client.events(session_id)``."""
+        channel closes. Without one (``data_channel=False``), use
+        ``client.events(session_id)``."""
         if self._events is None:
             raise RuntimeError(
-                "this call has no data channel (connect(data_channel=False)): "
-                "use call.client.events(call.session_id) for server-sent events"
+                f"this {self.kind} has no data channel (data_channel=False): use "
+                f"{self.kind}.client.events({self.kind}.session_id) for server-sent events"
             )
         return self._events
 
@@ -238,9 +236,84 @@ class Call:
         except (MediaStreamError, ConnectionError, asyncio.CancelledError):
             pass
         except Exception:
-            logger.exception("call %s: receiving %s failed", self.session_id, track.kind)
+            logger.exception("%s: receiving %s failed", self._label(), track.kind)
         finally:
             (self._video if track.kind == "video" else self._audio).close()
+
+    # -- the end ----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the peer connection and stop the receive tasks without telling the
+        server (it notices the connection vanished); :meth:`Call.hang_up` and
+        :meth:`Viewer.leave <lipstream_client.viewer.Viewer.leave>` are the polite ends."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+
+    async def _end(self, tell_server: Callable[[], Awaitable[object]] | None) -> None:
+        """End once: ``tell_server`` (if any; a session or viewer already gone is fine),
+        then :meth:`_close` whatever it answered."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if tell_server is not None:
+                with contextlib.suppress(SessionNotFound):
+                    await tell_server()
+        except (LipstreamError, OSError) as exc:  # it still ends here
+            logger.warning("%s: the request ending it failed: %s", self._label(), exc)
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._video.close()
+        self._audio.close()
+        if self._events is not None:
+            self._events.close()
+        if self._owns_client:
+            await self.client.close()
+        logger.info("%s: ended (%s)", self._label(), self.stats)
+
+
+class Call(Receiver):
+    """One call: its session, its received media and events (:class:`Receiver`), and
+    session control.
+
+    Made by :func:`connect`; ``async with`` hangs up on exit.
+    """
+
+    kind: ClassVar[str] = "call"
+
+    def __init__(
+        self,
+        client: Client,
+        pc: RTCPeerConnection,
+        *,
+        fps: int,
+        queues: QueueSizes,
+        owns_client: bool,
+    ) -> None:
+        super().__init__(client, pc, fps=fps, queues=queues, owns_client=owns_client)
+        self.avatar = ""
+        self.delay: DelayBudget | None = None
+
+    # -- set-up -----------------------------------------------------------------------
+
+    async def _offer(self, avatar: str) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())  # gathers all of ICE
+        answer = await self.client.offer(self.pc.localDescription.sdp, avatar)
+        self.session_id = answer.session_id
+        self.avatar = avatar
+        self.delay = answer.delay
+        logger.info("call %s: offer answered for avatar %s", self.session_id, avatar)
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer.sdp, answer.type))
 
     # -- session control, bound to this call's session --------------------------------
 
@@ -303,40 +376,8 @@ class Call:
     async def hang_up(self) -> None:
         """End the call: ``DELETE`` the session (one already gone is fine), close the peer
         connection, stop the receive tasks. The app's microphone track is left running."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.session_id:
-                with contextlib.suppress(SessionNotFound):
-                    await self.client.hang_up(self.session_id)
-        except (LipstreamError, OSError) as exc:  # the call still ends here
-            logger.warning("call %s: hang-up request failed: %s", self.session_id, exc)
-        finally:
-            await self._close()
-
-    async def close(self) -> None:
-        """Close the peer connection and stop the receive tasks without telling the
-        server (it notices the call vanished); :meth:`hang_up` is the polite end."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._close()
-
-    async def _close(self) -> None:
-        await self.pc.close()
-        for task in self._tasks:
-            task.cancel()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._video.close()
-        self._audio.close()
-        if self._events is not None:
-            self._events.close()
-        if self._owns_client:
-            await self.client.close()
-        logger.info("call %s: ended (%s)", self.session_id, self.stats)
+        session_id = self.session_id
+        await self._end((lambda: self.client.hang_up(session_id)) if session_id else None)
 
 
 async def connect(
@@ -415,7 +456,7 @@ async def open_call(
     if pc is None:
         if ice_servers is None:
             ice_servers = (await client.webrtc_config()).ice_servers
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=_rtc_ice_servers(ice_servers)))
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(ice_servers)))
     call = Call(client, pc, fps=fps, queues=queues, owns_client=False)
     try:
         if microphone is not None:
@@ -432,7 +473,8 @@ async def open_call(
     return call
 
 
-def _rtc_ice_servers(servers: Sequence[IceServer]) -> list[RTCIceServer]:
+def rtc_ice_servers(servers: Sequence[IceServer]) -> list[RTCIceServer]:
+    """``servers`` as aiortc's configuration takes them."""
     return [
         RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
         for s in servers

@@ -6,7 +6,8 @@ does not know (a newer server). WebSocket ``error`` messages map the same way, w
 ``status`` ``None``. ::
 
     LipstreamError                 status, code, message, retry_after
-    ├── BadRequest                 400, 415, 422: bad_json, bad_offer, bad_text, …
+    ├── BadRequest                 400, 415, 422: bad_json, bad_offer, bad_text,
+    │   │                          unsupported_media_type, …
     │   ├── BadAudio               bad_audio
     │   ├── BadStreamFormat        bad_stream_format (the WebSocket's query)
     │   ├── BadFrame               bad_frame (a WebSocket binary message)
@@ -16,13 +17,14 @@ does not know (a newer server). WebSocket ``error`` messages map the same way, w
     ├── NotFound                   404: model_not_found, clip_not_found, not_found, …
     │   └── SessionNotFound        session_not_found, session_lost (410)
     ├── Conflict                   409: model_in_use, avatar_exists, avatar_incompatible,
-    │   │                          avatar_switch_busy
+    │   │                          avatar_switch_busy, too_many_outputs
     │   └── StreamBusy             stream_busy
     ├── PayloadTooLarge            413: audio_too_large, body_too_large
     ├── RateLimited                429 rate_limited (retry_after)
     │   └── AudioQueueFull         audio_queue_full
     ├── Overloaded                 503 with retry_after: no_capacity, queue_full, …
-    │   └── TooManySessions        too_many_sessions
+    │   ├── TooManySessions        too_many_sessions
+    │   └── TooManyViewers         too_many_viewers
     ├── TtsUnavailable             tts_unavailable (503, no retry: install a TTS engine)
     ├── ServerError                5xx: internal_error, tts_failed, inference_failed, …
     ├── EventsOverflow             events_overflow: a listener fell too far behind
@@ -139,6 +141,10 @@ class TooManySessions(Overloaded):
     """No room for another call, or the server is draining (``too_many_sessions``)."""
 
 
+class TooManyViewers(Overloaded):
+    """The session has as many viewers as the server allows (``too_many_viewers``)."""
+
+
 class TtsUnavailable(LipstreamError):
     """The server has no working text-to-speech engine (``tts_unavailable``)."""
 
@@ -185,6 +191,8 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "bad_audio": BadAudio,
         "bad_stream_format": BadStreamFormat,
         "websocket_required": BadRequest,
+        "unsupported_media_type": BadRequest,  # 415: a WHEP offer not sent as application/sdp
+        "bad_output": BadRequest,  # a session's output (RTMP) the server cannot take
         "bad_frame": BadFrame,
         "bad_message": BadMessage,
         # 401, 403
@@ -196,6 +204,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "version_not_found": NotFound,
         "worker_not_found": NotFound,
         "clip_not_found": NotFound,  # the message lists the avatar's clips
+        "not_found_in_session": NotFound,  # a viewer or output the session does not have
         "session_not_found": SessionNotFound,
         "session_lost": SessionNotFound,  # 410 (cluster): its worker restarted
         # 409
@@ -204,6 +213,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "avatar_incompatible": Conflict,  # a switch to another fps or audio features
         "avatar_switch_busy": Conflict,  # another switch of the call is loading
         "stream_busy": StreamBusy,
+        "too_many_outputs": Conflict,  # the session has as many outputs as allowed
         # 413
         "audio_too_large": PayloadTooLarge,
         "body_too_large": PayloadTooLarge,
@@ -213,6 +223,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "audio_queue_full": AudioQueueFull,
         # 503 with Retry-After
         "too_many_sessions": TooManySessions,
+        "too_many_viewers": TooManyViewers,  # POST /sessions/{id}/whep past the limit
         "no_capacity": Overloaded,
         "queue_full": Overloaded,
         "out_of_memory": Overloaded,

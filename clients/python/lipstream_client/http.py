@@ -1,12 +1,14 @@
-"""The HTTP side of a lipstream server: avatars, session control, events, audio streams."""
+"""The HTTP side of a lipstream server: avatars, session control, events, audio streams,
+sessions no caller owns and their viewers' offers (WHEP)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import numpy as np
 from aiohttp import (
@@ -23,9 +25,12 @@ from lipstream_client.models import (
     Answer,
     Avatar,
     AvatarSwitched,
+    CreatedSession,
+    IceServer,
     IdleClipSet,
     Queued,
     WebRtcConfig,
+    WhepAnswer,
 )
 from lipstream_client.pcm import STREAM_RATES, PcmFormat, pcm_format_for, to_pcm_bytes
 from lipstream_client.sse import EventStream
@@ -44,6 +49,13 @@ _HANDSHAKE_CODES: Mapping[int, str] = {
     404: "session_not_found",
     409: "stream_busy",
 }
+
+#: A WHEP offer and its answer are the SDP itself (RFC 9725).
+SDP = "application/sdp"
+# One link of a ``Link`` header (RFC 8288): ``<url>`` and its ``; name=value`` parameters,
+# each value a token or a quoted string.
+_LINK = re.compile(r'\s*<([^>]*)>((?:\s*;\s*[^;,=\s]+\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;,]*))*)')
+_LINK_PARAM = re.compile(r';\s*([^;,=\s]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;,]*)')
 
 
 class Client:
@@ -107,6 +119,39 @@ class Client:
         connection of your own."""
         body = {"sdp": sdp, "type": "offer", "avatar": avatar}
         return Answer.from_json(await self._json("POST", "/offer", json=body))
+
+    async def create_session(self, avatar: str = "demo") -> CreatedSession:
+        """Open a session of ``avatar`` that no caller owns (``POST /sessions``): its media
+        runs from now on, for viewers (:func:`lipstream_client.watch`). Make it speak
+        with :meth:`say`, :meth:`push_audio`, :meth:`stream_audio`; end it with
+        :meth:`hang_up`."""
+        body = {"avatar": avatar}
+        return CreatedSession.from_json(await self._json("POST", "/sessions", json=body))
+
+    async def whep_offer(self, session_id: str, sdp: str) -> WhepAnswer:
+        """Send a viewer's offer (receive-only, ICE fully gathered) for the session
+        ``session_id`` as WHEP does (``application/sdp``): the answer, the viewer's
+        resource and the ICE servers listed for it. :func:`lipstream_client.watch` does
+        this; use it with a peer connection of your own."""
+        url = self._url(_session(session_id, "/whep"))
+        headers = {**self._headers, "Content-Type": SDP}
+        async with self._http().post(url, data=sdp.encode(), headers=headers) as response:
+            await _raise_for_error(response)
+            answer = await response.text()
+            location = self._resolve(response.headers["Location"])
+            links = response.headers.getall("Link", [])
+        logger.debug("POST %s -> %d", url, response.status)
+        return WhepAnswer(
+            sdp=answer,
+            location=location,
+            viewer_id=unquote(urlsplit(location).path.rstrip("/").rsplit("/", 1)[-1]),
+            ice_servers=ice_servers_from_links(links),
+        )
+
+    async def end_viewer(self, location: str) -> None:
+        """End a viewer: ``DELETE`` its resource (:attr:`WhepAnswer.location`;
+        :class:`SessionNotFound` if it already left or its session ended)."""
+        await self._json_at("DELETE", self._resolve(location))
 
     # -- a session --------------------------------------------------------------------
 
@@ -236,12 +281,13 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return await self._json_at(method, self._url(path), **kwargs)
+
+    async def _json_at(self, method: str, url: str, **kwargs: Any) -> Any:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        async with self._http().request(
-            method, self._url(path), headers=headers, **kwargs
-        ) as response:
+        async with self._http().request(method, url, headers=headers, **kwargs) as response:
             await _raise_for_error(response)
-            logger.debug("%s %s -> %d", method, path, response.status)
+            logger.debug("%s %s -> %d", method, url, response.status)
             return await response.json()
 
     def _http(self) -> ClientSession:
@@ -253,6 +299,41 @@ class Client:
 
     def _url(self, path: str) -> str:
         return self.base_url + path
+
+    def _resolve(self, location: str) -> str:
+        """A ``Location`` the server sent, as an absolute URL. Its paths are the API's, so
+        a root-relative one is taken under ``base_url`` as every path here is (a reverse
+        proxy's path prefix kept, as ``lipstream.js`` does)."""
+        return urljoin(self.base_url + "/", location.lstrip("/"))
+
+
+def ice_servers_from_links(values: Iterable[str]) -> tuple[IceServer, ...]:
+    """The ICE servers in ``Link`` header values (RFC 9725 §4.6: ``<url>;
+    rel="ice-server"``, with ``username`` and ``credential`` for a TURN server); links of
+    any other relation are left out."""
+    servers: list[IceServer] = []
+    for value in values:
+        for link in _LINK.finditer(value):
+            params = {
+                name.lower(): _unquoted(raw) for name, raw in _LINK_PARAM.findall(link.group(2))
+            }
+            if "ice-server" not in params.get("rel", "").split():
+                continue
+            servers.append(
+                IceServer(
+                    urls=(link.group(1).strip(),),
+                    username=params.get("username"),
+                    credential=params.get("credential"),
+                )
+            )
+    return tuple(servers)
+
+
+def _unquoted(raw: str) -> str:
+    raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", raw[1:-1])
+    return raw
 
 
 def _session(session_id: str, tail: str = "") -> str:

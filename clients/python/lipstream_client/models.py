@@ -162,6 +162,39 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class CreatedSession:
+    """``POST /sessions``: a session no caller owns, made to speak with the session API
+    (:meth:`Client.say`, …) and watched by viewers (:func:`lipstream_client.watch`);
+    :meth:`Client.hang_up` ends it. ``whep`` is the path viewers ``POST`` their offer to."""
+
+    session_id: str
+    avatar: str
+    whep: str
+    delay: DelayBudget
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CreatedSession:
+        return cls(
+            session_id=str(data["session_id"]),
+            avatar=str(data["avatar"]),
+            whep=str(data["whep"]),
+            delay=DelayBudget.from_json(data["delay"]),
+        )
+
+
+@dataclass(frozen=True)
+class WhepAnswer:
+    """``POST /sessions/{id}/whep``: the server's SDP answer to a viewer's offer, the
+    viewer's resource (``location``, an absolute URL: ``DELETE`` it to leave) and id, and
+    the ICE servers the server lists for the viewer (its ``Link`` headers, RFC 9725)."""
+
+    sdp: str
+    location: str
+    viewer_id: str
+    ice_servers: tuple[IceServer, ...]
+
+
+@dataclass(frozen=True)
 class Queued:
     """Audio accepted into a session (202): this audio's length and all audio now queued.
 
