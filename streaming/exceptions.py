@@ -5,6 +5,7 @@ Hierarchy::
     StreamingError              root: a call cannot be set up or controlled
     ├── OfferError              the SDP offer is malformed or cannot be answered (400)
     ├── SessionNotFoundError    no live session with that id (404)
+    │   └── PartNotFoundError   the session has no viewer or output with that id (404)
     ├── SessionLimitError       the server is at its session limit (503 + Retry-After)
     │   └── ViewerLimitError    the session has as many viewers as allowed (503)
     ├── OutputError             an output's target is not one the server may push to (400)
@@ -29,6 +30,10 @@ class OfferError(StreamingError):
 
 class SessionNotFoundError(StreamingError):
     """No live session has that id."""
+
+
+class PartNotFoundError(SessionNotFoundError):
+    """The session is live, but has no viewer or output with that id."""
 
 
 class SessionLimitError(StreamingError):

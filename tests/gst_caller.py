@@ -16,6 +16,11 @@ exits 1 after a failure, else hangs up (``DELETE /sessions/{id}``) and exits 0.
 
 ``--offer-setup`` rewrites the ``a=setup`` of the offer sent and ``--answer-setup`` that
 of the answer applied (webrtcbin keeps its own offer): the tests make DTLS fail with them.
+
+``--whip`` publishes instead, as a WHIP client does (RFC 9725): the speech only, no
+video asked for, the offer posted as ``application/sdp`` to ``/whip/{avatar}``, the
+answer read from the body and the session from ``Location``; its line is printed once
+the connection is up, and the end ``DELETE``s the ``Location``.
 """
 
 from __future__ import annotations
@@ -131,11 +136,13 @@ class Caller:
             "webrtcbin name=webrtc bundle-policy=max-bundle " + AUDIO_BRANCH.format(wav=args.wav)
         )
         self.webrtc = self.pipeline.get_by_name("webrtc")
-        self.webrtc.emit(
-            "add-transceiver",
-            GstWebRTC.WebRTCRTPTransceiverDirection.RECVONLY,
-            Gst.Caps.from_string(VIDEO_CAPS),
-        )
+        self.location: str | None = None
+        if not args.whip:
+            self.webrtc.emit(
+                "add-transceiver",
+                GstWebRTC.WebRTCRTPTransceiverDirection.RECVONLY,
+                Gst.Caps.from_string(VIDEO_CAPS),
+            )
         self.webrtc.connect("on-negotiation-needed", self.on_negotiation_needed)
         self.webrtc.connect("pad-added", self.on_pad_added)
         self.webrtc.connect("notify::ice-gathering-state", self.on_gathering_state)
@@ -209,9 +216,32 @@ class Caller:
         if self.args.offer_setup:
             sdp = SETUP.sub(f"a=setup:{self.args.offer_setup}", sdp)
         self.result["offer_setup"] = sorted(set(SETUP.findall(sdp)))
+        if self.args.whip:
+            threading.Thread(target=self.post_whip, args=(sdp,), daemon=True).start()
+            return False
         body = {"sdp": sdp, "type": "offer", "avatar": self.args.avatar}
         threading.Thread(target=self.post_offer, args=(body,), daemon=True).start()
         return False
+
+    def post_whip(self, sdp: str) -> None:
+        url = f"{self.args.url}/whip/{self.args.avatar}"
+        request = urllib.request.Request(
+            url, data=sdp.encode(), method="POST", headers={"Content-Type": "application/sdp"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                location = response.headers["Location"]
+                answer = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            message = f"POST {url} answered {exc.code}: {exc.read()[:500]!r}"
+            GLib.idle_add(self.report, f"the offer was not answered: {message}")
+            return
+        except OSError as exc:
+            GLib.idle_add(self.report, f"the offer was not answered: {exc}")
+            return
+        self.location = location
+        session_id = location.rsplit("/", 1)[-1]
+        GLib.idle_add(self.apply_answer, {"session_id": session_id, "sdp": answer})
 
     def post_offer(self, body: dict[str, Any]) -> None:
         try:
@@ -245,6 +275,8 @@ class Caller:
         self.result["connection_states"].append(state)
         if state == "failed":
             self.report("the connection failed")
+        elif state == "connected" and self.args.whip:
+            self.report()  # a publisher decodes nothing: connected is its success
         return False
 
     def on_ice_connection_state(self, _webrtc: Gst.Element, _spec: object) -> None:
@@ -294,7 +326,8 @@ class Caller:
             self.pipeline.set_state(Gst.State.NULL)
         session_id = self.result["session_id"]
         if session_id and not self.failed:
-            http_json(f"{self.args.url}/sessions/{session_id}", "DELETE")
+            where = self.location or f"/sessions/{session_id}"
+            http_json(f"{self.args.url}{where}", "DELETE")
         return 1 if self.failed else 0
 
 
@@ -307,6 +340,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--offer-setup", choices=("actpass", "active", "passive"))
     parser.add_argument("--answer-setup", choices=("active", "passive"))
+    parser.add_argument("--whip", action="store_true", help="publish the speech over WHIP")
     parser.add_argument("--check", action="store_true", help="list what is missing; exit 3 if any")
     args = parser.parse_args()
     lacking = missing()

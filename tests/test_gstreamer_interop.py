@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import aioice.ice
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from config.settings import Settings
 from streaming.live.manager import SessionManager
 from tests.live_calls import TIMEOUT_S, frames_due, until
 from tests.media import SAMPLE_RATE, require_espeak, write_wav
+from tests.whep_viewer import Viewer
 from web.app import build_app
 from web.app_keys import SESSIONS
 
@@ -218,6 +220,30 @@ async def test_webrtcbins_own_offer_connects_and_decodes_the_h264_video(
         assert session.state == "streaming"
         assert await call.end() == 0, call.tail()  # it hung up with DELETE /sessions/{id}
     assert manager.counters.ended_by_reason == {"hung up by API": 1}
+
+
+async def test_webrtcbin_publishes_over_whip_and_the_avatar_speaks_for_viewers(
+    gst_caller: list[str], speech_wav: Path, tmp_path: Path, data_dir: Path, host_addresses: None
+) -> None:
+    async with (
+        serving(tmp_path, data_dir) as (server, manager),
+        gst_call(gst_caller, server, speech_wav, tmp_path, "--whip") as call,
+    ):
+        result = await call.result()
+        assert "error" not in result, f"{result}\n{call.tail()}"
+        session = manager.get(result["session_id"])
+        assert session.has_caller
+        async with aiohttp.ClientSession(base_url=str(server.make_url(""))) as http:
+            viewer = Viewer(http, session.session_id)  # watched over WHEP, as anyone would
+            try:
+                await viewer.watch()
+                await until(lambda: session.stats.frames_inferred >= 10, "webrtcbin's speech")
+                await until(lambda: viewer.watched.audio_peak > 0.05, "the viewer to hear it")
+                await until(lambda: len(viewer.watched.pictures) >= 25, "the viewer's pictures")
+            finally:
+                await viewer.close()
+        assert await call.end() == 0  # it DELETEs its Location
+        await until(lambda: not manager.sessions, "the session to end with the publisher")
 
 
 async def test_a_failed_dtls_handshake_is_logged_with_openssls_reason(

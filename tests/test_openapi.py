@@ -458,10 +458,35 @@ async def _check_broadcast_routes(check: Conformance) -> None:
         await check("DELETE", leave, 200, path=location)
         await check("DELETE", leave, 404, path=location)
         await _check_output_routes(check, sid)
+        await _check_whip(check)
         await check("DELETE", "/sessions/{session_id}", 200, path=f"/sessions/{sid}")
         await check("POST", watch, 404, path=f"/sessions/{sid}/whep", data=sdp, headers=sdp_type)
     finally:
         await pc.close()
+
+
+async def _check_whip(check: Conformance) -> None:
+    whip, sdp_type = "/whip/{avatar}", {"Content-Type": "application/sdp"}
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("audio", direction="sendonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        published = await check("POST", whip, 201, path="/whip/alice", data=sdp, headers=sdp_type)
+        location = published.headers["Location"]
+        await check("POST", whip, 415, path="/whip/alice", data=sdp)
+        await check("POST", whip, 404, path="/whip/nobody", data=sdp, headers=sdp_type)
+        await check("DELETE", "/sessions/{session_id}", 200, path=location)
+    finally:
+        await pc.close()
+    video_only = RTCPeerConnection()
+    try:  # no audio: nothing for the avatar to speak
+        video_only.addTransceiver("video", direction="sendonly")
+        await video_only.setLocalDescription(await video_only.createOffer())
+        sdp = video_only.localDescription.sdp
+        await check("POST", whip, 400, path="/whip/alice", data=sdp, headers=sdp_type)
+    finally:
+        await video_only.close()
 
 
 async def _check_output_routes(check: Conformance, sid: str) -> None:

@@ -5,6 +5,9 @@ POST   /sessions                              {"avatar", "outputs"?} → a sessi
 POST   /sessions/{id}/whep                    application/sdp offer → 201, the SDP answer,
                                               Location of the viewer, ICE servers as Link
 DELETE /sessions/{id}/whep/{viewer_id}        the viewer leaves
+POST   /whip/{avatar}                         a WHIP publisher's application/sdp offer →
+                                              201, a session that speaks its audio
+                                              (Location: /sessions/{id}, DELETE ends it)
 GET    /sessions/{id}/outputs                 the session's outputs and their state
 POST   /sessions/{id}/outputs                 {"rtmp": url} → pushed from now on (201)
 DELETE /sessions/{id}/outputs/{output_id}     stopped
@@ -26,7 +29,7 @@ from streaming.broadcast.rtmp import OutputStatus
 from streaming.broadcast.targets import check_target
 from streaming.exceptions import OfferError, OutputLimitError, SessionLimitError
 from streaming.live.session import Session
-from streaming.webrtc.offer_check import OfferLimits, check_offer
+from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
 from streaming.webrtc.turn import turn_server
 from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
@@ -91,28 +94,55 @@ def _watched(request: web.Request) -> Session:
 
 async def whep(request: web.Request) -> web.Response:
     """A viewer's SDP offer: answered, the viewer's media flows once ICE connects."""
-    settings = request.app[SETTINGS]
     _refuse_if_draining(request)
     session = _watched(request)
     refuse_if_rate_limited(request)
+    sdp, info = await _sdp_offer(request, "WHEP")
+    viewer = await session.audience.add(sdp, info)
+    location = f"/sessions/{session.session_id}/whep/{viewer.viewer_id}"
+    return _answered(request, viewer.answer_sdp, location)
+
+
+async def whip(request: web.Request) -> web.Response:
+    """A WHIP publisher's SDP offer: a session on the avatar in the path that speaks the
+    publisher's audio, for viewers and outputs; ``Location`` is the session."""
+    settings = request.app[SETTINGS]
+    _refuse_if_draining(request)
+    refuse_if_rate_limited(request)
+    avatar = request.match_info["avatar"]
+    require_token(request, settings.auth, avatar)
+    request.app[CORE].check_registered(avatar)
+    sdp, info = await _sdp_offer(request, "WHIP", video=False)
+    session = await request.app[SESSIONS].create_published(sdp, info, avatar, request.remote)
+    return _answered(request, session.answer_sdp, f"/sessions/{session.session_id}")
+
+
+async def _sdp_offer(
+    request: web.Request, protocol: str, *, video: bool = True
+) -> tuple[str, OfferInfo]:
+    """The body as a checked SDP offer (415 for another content type, 413, 400)."""
+    limit = request.app[SETTINGS].server.max_offer_bytes
     if request.content_type != SDP:
         raise RequestError(
             415,
             "unsupported_media_type",
-            f"a WHEP offer is the SDP itself, sent as Content-Type: {SDP} "
+            f"a {protocol} offer is the SDP itself, sent as Content-Type: {SDP} "
             f"(got {request.content_type or 'none'})",
         )
-    raw = await read_limited(request, settings.server.max_offer_bytes, "the SDP offer")
+    raw = await read_limited(request, limit, "the SDP offer")
     try:
         sdp = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise OfferError("the SDP offer is not UTF-8 text") from None
-    info = check_offer(sdp, OfferLimits(max_bytes=settings.server.max_offer_bytes))
-    viewer = await session.audience.add(sdp, info)
-    answer = viewer.answer_sdp
-    if settings.server.ice_public_address is not None:  # behind a 1:1 NAT
-        answer = with_public_address(answer, str(settings.server.ice_public_address))
-    headers = CIMultiDict({"Location": f"/sessions/{session.session_id}/whep/{viewer.viewer_id}"})
+    return sdp, check_offer(sdp, OfferLimits(max_bytes=limit, video=video))
+
+
+def _answered(request: web.Request, answer: str, location: str) -> web.Response:
+    """201 with the SDP answer, its ``Location`` and the ICE servers as ``Link``s."""
+    public = request.app[SETTINGS].server.ice_public_address
+    if public is not None:  # behind a 1:1 NAT
+        answer = with_public_address(answer, str(public))
+    headers = CIMultiDict({"Location": location})
     for link in ice_server_links(request):
         headers.add("Link", link)
     return web.Response(status=201, body=answer.encode(), content_type=SDP, headers=headers)
@@ -183,6 +213,7 @@ def _refuse_if_draining(request: web.Request) -> None:
 def add_broadcast_routes(app: web.Application) -> None:
     app.router.add_post("/sessions", create_session)
     app.router.add_post("/sessions/{session_id}/whep", whep)
+    app.router.add_post("/whip/{avatar}", whip)
     app.router.add_delete("/sessions/{session_id}/whep/{viewer_id}", leave)
     app.router.add_get("/sessions/{session_id}/outputs", list_outputs)
     app.router.add_post("/sessions/{session_id}/outputs", add_output)

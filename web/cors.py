@@ -18,7 +18,7 @@ ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
 ALLOWED_HEADERS = "Authorization, Content-Type"
 EXPOSED_HEADERS = (
     "Retry-After, X-Lipstream-Device, X-Lipstream-Inference-Ms, X-Lipstream-Batch-Size, "
-    "X-Lipstream-Output-Shape"
+    "X-Lipstream-Output-Shape, Location, Link"  # Location, Link: WHEP and WHIP (§21)
 )
 
 

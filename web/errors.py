@@ -50,6 +50,7 @@ from streaming.exceptions import (
     OfferError,
     OutputError,
     OutputLimitError,
+    PartNotFoundError,
     SessionLimitError,
     SessionNotFoundError,
     StreamBusyError,
@@ -75,6 +76,7 @@ LIBRARY_ERRORS: tuple[type[Exception], ...] = (
 # (exception type, HTTP status, error code, Retry-After seconds or None); first match wins.
 _MAPPING: tuple[tuple[type[Exception], int, str, int | None], ...] = (
     (OfferError, 400, "bad_offer", None),
+    (PartNotFoundError, 404, "not_found_in_session", None),
     (SessionNotFoundError, 404, "session_not_found", None),
     (ViewerLimitError, 503, "too_many_viewers", 5),
     (SessionLimitError, 503, "too_many_sessions", 5),

@@ -109,6 +109,7 @@ _CODES: dict[str, str] = {
     "bad_output": "an output's target is malformed, does not resolve, or is a private "
     "address while `outputs.allow_private` is off",
     "too_many_outputs": "the session has `outputs.max_per_session` outputs already",
+    "not_found_in_session": "the session is live but has no viewer or output with that id",
     "too_many_sessions": "no capacity for one more session (server.max_sessions, a device's "
     "inference budget or the CPU budget), or the server is stopping",
     "tts_unavailable": "no text-to-speech engine is configured or installed",
@@ -165,6 +166,7 @@ SESSION_AUTH = (
 # Path parameters by name: each is a shared component.
 _PATH_PARAMETERS: dict[str, tuple[str, Json, str]] = {
     "session_id": ("SessionId", {"type": "string"}, "From `POST /offer` or `POST /sessions`."),
+    "avatar": ("AvatarPath", TypeAdapter(AvatarId).json_schema(), "An avatar id (`GET /avatars`)."),
     "output_id": ("OutputId", {"type": "string"}, "From `POST .../outputs`."),
     "viewer_id": (
         "ViewerId",

@@ -13,13 +13,15 @@ with or without anyone watching.
 
 To the session it stands where a caller's :class:`~streaming.webrtc.peer.Peer` would:
 it answers what the session reads of its peer (state, what was sent, the encoder's
-bitrate) and is closed with it.
+bitrate) and is closed with it. A session whose audio comes from a WHIP publisher has
+both: the publisher's receive-only ``Peer`` (the station's ``receiver``, whose state
+and close are the station's) and the station pulling the tracks.
 """
 
 from __future__ import annotations
 
 from streaming.broadcast.feed import VIEWER_KEYFRAME_INTERVAL_S
-from streaming.webrtc.peer import CallTasks, PeerMedia, PeerState, SentMedia
+from streaming.webrtc.peer import CallTasks, Peer, PeerMedia, PeerState, SentMedia
 from streaming.webrtc.tracks import AvatarAudioTrack, AvatarVideoTrack, pull
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
 
@@ -29,13 +31,19 @@ class Station:
 
     #: What a session reads of a caller's peer, answered for a session without one.
     link = None
-    answer_sdp = ""
     video_codec = "video/H264"
 
     def __init__(
-        self, session_id: str, media: PeerMedia, encoders: EncoderFactory, tasks: CallTasks
+        self,
+        session_id: str,
+        media: PeerMedia,
+        encoders: EncoderFactory,
+        tasks: CallTasks,
+        *,
+        receiver: Peer | None = None,
     ) -> None:
         self.session_id = session_id
+        self.receiver = receiver
         self._tasks = tasks
         self.encoder: LipstreamH264Encoder = encoders.create(*media.frame_size, media.fps)
         self.encoder.keyframe_interval_s = VIEWER_KEYFRAME_INTERVAL_S
@@ -51,7 +59,19 @@ class Station:
 
     @property
     def state(self) -> PeerState:
+        if self.receiver is not None:
+            return self.receiver.state
         return PeerState.CLOSED if self._closed else PeerState.CONNECTED
+
+    @property
+    def answer_sdp(self) -> str:
+        """The answer to the publisher's offer ("" without a publisher)."""
+        return "" if self.receiver is None else self.receiver.answer_sdp
+
+    @property
+    def has_caller(self) -> bool:
+        """Whether a publisher sends the session's audio (WHIP)."""
+        return self.receiver is not None
 
     @property
     def target_bitrate_bps(self) -> int:
@@ -71,7 +91,10 @@ class Station:
         """Nothing to flush: a callerless session's events go out on its streams."""
 
     async def close(self) -> None:
-        """Stop both tracks (their pulling tasks end with the session's)."""
+        """Stop both tracks (their pulling tasks end with the session's), and close the
+        publisher's connection if there is one."""
         self._video.stop()
         self._audio.stop()
         self._closed = True
+        if self.receiver is not None:
+            await self.receiver.close()

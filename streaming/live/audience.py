@@ -27,7 +27,12 @@ import numpy as np
 
 from config.settings import Settings
 from streaming.broadcast.feed import ViewerVideo
-from streaming.exceptions import OfferError, SessionNotFoundError, ViewerLimitError
+from streaming.exceptions import (
+    OfferError,
+    PartNotFoundError,
+    SessionNotFoundError,
+    ViewerLimitError,
+)
 from streaming.live.events import SessionEvents, error_event
 from streaming.live.pipeline import LivePipeline, Reply
 from streaming.live.tasks import StageTasks
@@ -120,7 +125,7 @@ class Audience:
     def get(self, viewer_id: str) -> Viewer:
         viewer = self._viewers.get(viewer_id)
         if viewer is None:
-            raise SessionNotFoundError(
+            raise PartNotFoundError(
                 f"session {self._session_id[:16]} has no viewer {viewer_id[:64]!r}"
             )
         return viewer

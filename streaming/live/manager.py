@@ -21,11 +21,11 @@ from inference_core.exceptions import ShuttingDownError
 from inference_core.features.encoder import AudioEncoder
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.handle import ModelHandle
-from streaming.broadcast.station import Station
 from streaming.exceptions import AvatarIncompatibleError, SessionLimitError, SessionNotFoundError
 from streaming.idle_loops import IdleLoopCache
 from streaming.live.admission import AdmissionControl, usable_cpus
 from streaming.live.avatar import AvatarSwitched, CallAvatar, call_avatar, incompatibility
+from streaming.live.broadcast_sessions import open_callerless, open_published
 from streaming.live.cpu_meter import CpuMeter
 from streaming.live.pipeline import CallResources, Control
 from streaming.live.reporting import FrameSending, FrameStages
@@ -184,14 +184,27 @@ class SessionManager:
         """A session on ``avatar_id`` no caller owns (``docs/architecture.md`` §21),
         admitted as a call is; its media flows at once, to its viewers."""
 
-        async def open_callerless(
-            avatar: CallAvatar, shared: CallResources, session_id: str
-        ) -> Session:
-            return Session.open_callerless(
+        async def open_one(avatar: CallAvatar, shared: CallResources, session_id: str) -> Session:
+            return open_callerless(
                 session_id, avatar, shared, remote=remote, on_closed=self._forget
             )
 
-        return await self._admitted(avatar_id, open_callerless)
+        return await self._admitted(avatar_id, open_one)
+
+    async def create_published(
+        self, sdp: str, offer: OfferInfo, avatar_id: str, remote: str | None
+    ) -> Session:
+        """A session on ``avatar_id`` whose audio a WHIP publisher sends (its checked
+        offer answered receive-only), admitted as a call is (§21)."""
+
+        async def open_publisher(
+            avatar: CallAvatar, shared: CallResources, session_id: str
+        ) -> Session:
+            return await open_published(
+                session_id, sdp, offer, avatar, shared, remote=remote, on_closed=self._forget
+            )
+
+        return await self._admitted(avatar_id, open_publisher)
 
     async def _admitted(
         self,
@@ -253,7 +266,7 @@ class SessionManager:
             session.avatar_id,
             session.report.remote,
             session.peer.video_codec,
-            not isinstance(session.peer, Station),
+            session.has_caller,
         )
 
     async def switch_avatar(self, session: Session, avatar_id: str) -> AvatarSwitched | None:

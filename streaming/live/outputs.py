@@ -18,7 +18,7 @@ from dataclasses import replace
 from config.settings import OutputsSettings
 from streaming.broadcast.rtmp import OutputStatus, RtmpOutput, shown_target
 from streaming.broadcast.targets import check_target
-from streaming.exceptions import OutputLimitError, SessionNotFoundError
+from streaming.exceptions import OutputLimitError, PartNotFoundError, SessionNotFoundError
 from streaming.live.pipeline import LivePipeline
 from streaming.webrtc.video_encoder import EncoderFactory
 
@@ -94,7 +94,7 @@ class Outputs:
         """Stop one output; its last status (``SessionNotFoundError`` if it is not one)."""
         running = self._running.pop(output_id, None)
         if running is None:
-            raise SessionNotFoundError(
+            raise PartNotFoundError(
                 f"session {self._session_id[:16]} has no output {output_id[:64]!r}"
             )
         await _stop(*running)

@@ -13,12 +13,13 @@ frame's audio is complete and it has been computed, or it is shown idle (never l
 ``docs/architecture.md`` §2, §8).
 
 :meth:`Session.open` builds the parts in that order (``session_parts.py``), each with
-what it needs, and answers the offer; :meth:`Session.open_callerless` builds the same
-parts with a :class:`~streaming.broadcast.station.Station` where the caller's peer
-would be (§21). Every task of the session runs under one :class:`StageTasks`, whose
-rule is the session's: a task that ends other than by cancellation (a watchdog's reason,
-any stage's error) ends it, and the session's lifetime task then tears it down within
-a bound (§7). Viewers are the audience's: one ending ends nothing else.
+what it needs, and answers the offer; ``broadcast_sessions.py`` builds the same parts
+with a :class:`~streaming.broadcast.station.Station` where the caller's peer would be,
+for a session no caller owns or one a WHIP publisher speaks into (§21). Every task of
+the session runs under one :class:`StageTasks`, whose rule is the session's: a task that
+ends other than by cancellation (a watchdog's reason, any stage's error) ends it, and
+the session's lifetime task then tears it down within a bound (§7). Viewers and outputs
+are the session's audience and outputs: one ending ends nothing else.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class SessionPeer(Protocol):
 
 class Session:
     """One call, or a session no caller owns (module doc); made by :meth:`open` or
-    :meth:`open_callerless`. ``on_closed(session)`` once it ended."""
+    ``broadcast_sessions.py``. ``on_closed(session)`` once it ended."""
 
     def __init__(
         self,
@@ -156,30 +157,6 @@ class Session:
         messages.bind(session)
         return session
 
-    @classmethod
-    def open_callerless(
-        cls,
-        session_id: str,
-        avatar: CallAvatar,
-        shared: CallResources,
-        *,
-        remote: str | None = None,
-        on_closed: Callable[[Session], None] | None = None,
-    ) -> Session:
-        """A session no caller owns (``docs/architecture.md`` §21): its audio is what
-        apps push, say or stream, its media goes to its viewers, and it runs from now
-        until it is closed, or has had neither audio nor a viewer for
-        ``session.idle_timeout_s``."""
-        parts = build_parts(session_id, avatar, shared, remote)
-        station = Station(session_id, parts.pipeline.media(), shared.encoders, parts.tasks)
-        parts.start(avatar, shared)
-        station.start()
-        idle_timeout_s = shared.settings.session.idle_timeout_s
-        if idle_timeout_s > 0:
-            watchdog = parts.audience.unwatched(idle_timeout_s, also=lambda: parts.outputs.count)
-            parts.tasks.spawn("watchdog", watchdog)
-        return cls(parts, station, on_closed=on_closed)
-
     # -- what a call is now ---------------------------------------------------------
 
     @property
@@ -200,6 +177,11 @@ class Session:
     def answer_sdp(self) -> str:
         """The SDP answer to the caller's offer."""
         return self.peer.answer_sdp
+
+    @property
+    def has_caller(self) -> bool:
+        """Whether a caller (or a WHIP publisher) sends the session's audio."""
+        return not isinstance(self.peer, Station) or self.peer.has_caller
 
     @property
     def state(self) -> str:
@@ -267,7 +249,7 @@ class Session:
             audio_skipped=sent.audio_skipped,
             link=None if self.peer.link is None else self.peer.link.snapshot(),
         )
-        caller = not isinstance(self.peer, Station)
+        caller = self.has_caller
         return replace(
             snapshot, caller=caller, viewers=self.audience.count, outputs=self.outputs.count
         )

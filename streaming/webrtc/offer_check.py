@@ -36,6 +36,9 @@ class OfferLimits:
     max_media: int = 3
     max_candidates_per_media: int = 20
     max_line_chars: int = 4096
+    #: Whether the offer must receive video (a call, a viewer); a WHIP publisher's
+    #: offer need not, and must send audio instead.
+    video: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,10 @@ def check_offer(sdp: str, limits: OfferLimits) -> OfferInfo:
         if media.kind == "audio":
             opus = [c for c in media.rtp.codecs if str(c.mimeType).lower() == "audio/opus"]
             opus_dtx = bool(opus) and str(opus[0].parameters.get("usedtx")) == "1"
-    if "video" not in kinds:
+    if limits.video and "video" not in kinds:
         raise OfferError("the offer has no video section: add a recvonly video transceiver")
+    if not limits.video and "audio" not in kinds:
+        raise OfferError("a WHIP offer must send audio (the avatar speaks it); this one has none")
     for group in description.group:
         if group.semantic == "BUNDLE" and set(map(str, group.items)) != mids:
             raise OfferError("a=group:BUNDLE must list exactly the offer's media sections")

@@ -24,7 +24,7 @@ Its tasks (received tracks drained, data channels served) are the call's, spawne
 through the :class:`CallTasks` it is given, so they end the call by the session's one
 rule when they fail (§7).
 
-Why one module of a little over 400 lines: it is the one place that holds the
+Why one module of under 500 lines: it is the one place that holds the
 ``RTCPeerConnection``, so all a connection does for a call reads in one file.
 """
 
@@ -125,7 +125,9 @@ class PeerMedia:
     the caller for Opus DTX and a caller that asks for it gets the avatar's silence as
     DTX, its track sleeping through what ``audio_quiet`` says is silence
     (:mod:`~streaming.webrtc.dtx`); with ``join_late`` (a viewer of a running session)
-    the tracks start at the slot due when media starts to flow.
+    the tracks start at the slot due when media starts to flow. Without ``send`` (a WHIP
+    publisher) the peer only receives: its audio goes to ``caller_audio``, any video it
+    offers is declined (``inactive``), and the tracks are pulled by someone else.
     """
 
     clock: SessionClock
@@ -138,6 +140,7 @@ class PeerMedia:
     audio_quiet: AudioQuiet | None = None
     dtx: bool = False
     join_late: bool = False
+    send: bool = True
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,9 @@ class Peer:
         events: EventChannel,
     ) -> None:
         pc = self._pc
+        if not media.send:
+            await self._negotiate_receiving(sdp, media)
+            return
         # Send only what the offer has a section for (aiortc cannot answer an extra one).
         video_sender = pc.addTrack(self._video)
         audio_sender = pc.addTrack(self._audio) if self._audio is not None else None
@@ -289,6 +295,35 @@ class Peer:
                 self._audio.send_dtx(media.audio_quiet)
             answer = with_opus_params(answer, dtx=media.dtx)
         self._answer = answer
+
+    async def _negotiate_receiving(self, sdp: str, media: PeerMedia) -> None:
+        """A publisher's offer (module doc): its audio decoded into ``caller_audio``, its
+        video declined, nothing sent."""
+        pc = self._pc
+        pc.on("track", lambda track: self._receive(track, media.caller_audio))
+        pc.on(
+            "connectionstatechange",
+            lambda: asyncio.get_running_loop().call_soon(self._state_changed),
+        )
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            for transceiver in pc.getTransceivers():
+                transceiver.direction = "recvonly" if transceiver.kind == "audio" else "inactive"
+            answer_as_dtls_server(pc)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:
+            raise _unanswerable(exc) from exc
+        self._dtls.watch(pc)
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio":
+                self._decode_on_arrival(transceiver, media.caller_audio)
+        transports = {t.receiver.transport for t in pc.getTransceivers()}
+        self._receives = [
+            DirectReceive(functools.partial(intercept_datagrams, transport))
+            for transport in transports
+        ]
+        answer = pc.localDescription.sdp if pc.localDescription is not None else ""
+        self._answer = with_opus_params(answer, dtx=media.dtx)
 
     def _decode_on_arrival(
         self, transceiver: RTCRtpTransceiver, into: Callable[[np.ndarray], None]

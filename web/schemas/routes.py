@@ -159,7 +159,42 @@ SESSION_OPERATIONS = (
         "Stop watching a session (a WHEP viewer's `Location`)",
         (Reply(200, "The viewer's connection is closed.", ViewerLeft),),
         access="session",
-        errors=_NO_SESSION,
+        errors={404: ("session_not_found", "not_found_in_session")},
+    ),
+    Operation(
+        "publish_whip",
+        "post",
+        "/whip/{avatar}",
+        "sessions",
+        "Publish speech over WHIP: the avatar speaks it, for viewers and outputs",
+        (
+            Reply(
+                201,
+                "The SDP answer; the session runs once ICE connects.",
+                media=("application/sdp",),
+                headers=(
+                    Header(
+                        "Location", "The session, `/sessions/{session_id}`: `DELETE` it to stop."
+                    ),
+                ),
+            ),
+        ),
+        description="RFC 9725: the publisher's complete SDP offer (`Content-Type: "
+        "application/sdp`, no trickle ICE) sending Opus audio; video it sends is declined. "
+        "The session is watched over WHEP and pushed to outputs like any other; with "
+        "`auth.jwt_secret` set, `Authorization: Bearer` carries a token for the avatar "
+        "(docs/architecture.md §21).",
+        body_media=("application/sdp",),
+        access="session",
+        errors={
+            400: ("bad_offer", "invalid_model_id"),
+            404: ("model_not_found",),
+            413: ("body_too_large",),
+            415: ("unsupported_media_type",),
+            429: ("rate_limited",),
+            500: (*_MODEL_OPEN_500, "streaming_failed"),
+            503: ("too_many_sessions", *_MODEL_OPEN_503),
+        },
     ),
     Operation(
         "list_outputs",
@@ -198,7 +233,7 @@ SESSION_OPERATIONS = (
         "Stop one output (its stream is closed first)",
         (Reply(200, "Its last state.", OutputState),),
         access="session",
-        errors=_NO_SESSION,
+        errors={404: ("session_not_found", "not_found_in_session")},
     ),
     Operation(
         "get_session",
