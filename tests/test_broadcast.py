@@ -167,6 +167,11 @@ async def test_viewers_of_a_callerless_session_see_one_encode(client: Client) ->
         assert state["caller"] is False
         assert state["viewers"] == 3
         assert state["state"] == "streaming"
+        metrics = await (await client.get("/metrics")).text()
+        assert "\nlipstream_viewers 3.0\n" in metrics
+        assert "\nlipstream_sessions_callerless 1.0\n" in metrics
+        (listed,) = (await (await client.get("/admin/sessions")).json())["sessions"]
+        assert (listed["caller"], listed["viewers"], listed["outputs"]) == (False, 3, 0)
         await until(lambda: _frames_inferred(client, sid) > 0, "a lip-synced frame of the sentence")
         state = await session_state(client, sid)
         # Encoded once for everyone: every frame sent is the session's encode or its

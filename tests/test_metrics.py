@@ -93,6 +93,9 @@ FAMILIES = {
     ],
     "gauge": [
         "lipstream_sessions_live",
+        "lipstream_sessions_callerless",
+        "lipstream_viewers",
+        "lipstream_outputs",
         "lipstream_queue_depth",
         "lipstream_queue_capacity",
         "lipstream_frames_in_flight",

@@ -17,7 +17,7 @@ a frame being ready (they add up to its delay, so their ``_sum`` add up to the t
 ids and model ids are never labels (1,200 models would be 1,200 series per metric);
 per-model figures are in the admin JSON API.
 
-Why one module of about 400 lines: the metric table below, the event histograms and the
+Why one module of about 500 lines: the metric table below, the event histograms and the
 snapshot collector name the same series; kept together, a metric's name, labels and
 source are checked in one place (most of the length is that table).
 
@@ -27,6 +27,9 @@ metric                                      type       labels       source
 lipstream_sessions_live                     gauge                   sessions
 lipstream_sessions_speaking                 gauge                   sessions
 lipstream_audio_streams_open                gauge                   sessions
+lipstream_sessions_callerless               gauge                   sessions
+lipstream_viewers                           gauge                   sessions
+lipstream_outputs                           gauge                   sessions
 lipstream_sessions_total                    counter    event        sessions
 lipstream_sessions_ended_total              counter    reason       sessions
 lipstream_frames_served_total               counter                 sessions
@@ -247,6 +250,20 @@ class SnapshotCollector(Collector):
             "lipstream_audio_streams_open",
             "Audio stream WebSockets open (one at most per session).",
             value=totals.audio_streams,
+        )
+        live = self._sessions.sessions
+        yield GaugeMetricFamily(
+            "lipstream_sessions_callerless",
+            "Live sessions no caller owns (POST /sessions).",
+            value=sum(not s.caller for s in live),
+        )
+        yield GaugeMetricFamily(
+            "lipstream_viewers", "WHEP viewers watching now.", value=sum(s.viewers for s in live)
+        )
+        yield GaugeMetricFamily(
+            "lipstream_outputs",
+            "Streams pushed out now (RTMP).",
+            value=sum(s.outputs for s in live),
         )
         events = CounterMetricFamily(
             "lipstream_sessions",

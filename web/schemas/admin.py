@@ -158,6 +158,9 @@ class SessionInfo(ResponseModel):
     bitrate_bps: int | None
     remote: str | None
     app_audio: AppAudio
+    caller: bool = Field(description="False for a session made by `POST /sessions`.")
+    viewers: Count = Field(description="WHEP viewers watching it now.")
+    outputs: Count = Field(description="Streams it pushes out now (RTMP).")
 
 
 class Sessions(ResponseModel):

@@ -196,7 +196,7 @@ function updateDeviceRow(row, device) {
 }
 
 function createSessionRow(row, session) {
-  for (const className of ["", "", "", "num", "num", ""]) cell(row, className);
+  for (const className of ["", "", "", "num", "num", "", ""]) cell(row, className);
   cell(row).append(
     button("Hang up", () => api("DELETE", `/admin/sessions/${encodeURIComponent(session.id)}`)),
   );
@@ -212,6 +212,8 @@ function updateSessionRow(row, session) {
   const delay = session.added_delay_ms;
   c[4].textContent = `${number(delay.p50)} / ${number(delay.p95)}`;
   c[5].textContent = session.remote ?? "–";
+  c[6].textContent =
+    `${session.caller ? "caller" : "no caller"} · ${session.viewers} · ${session.outputs}`;
 }
 
 function render(stats, sessions) {
@@ -227,7 +229,7 @@ function render(stats, sessions) {
   sync($("models"), stats.models, 8, createModelRow, updateModelRow, "No models registered");
   const devices = stats.devices.map((d) => ({ ...d, id: d.name }));
   sync($("devices"), devices, 8, createDeviceRow, updateDeviceRow, "No devices");
-  sync($("sessions"), sessions.sessions, 7, createSessionRow, updateSessionRow, "No live sessions");
+  sync($("sessions"), sessions.sessions, 8, createSessionRow, updateSessionRow, "No live sessions");
 }
 
 
