@@ -284,6 +284,22 @@ async def test_refusals_leave_the_viewers_watching(client: Client) -> None:
             "the viewers to keep watching",
         )
         assert client.app[SESSIONS].get(sid).audience.count == 2
+        # A call whose caller could not take H.264 (VP8, encoded by aiortc) has no
+        # stream a viewer could be sent.
+        call = await client.post(
+            "/offer", json={"sdp": await _offer(video_codec="video/VP8"), "type": "offer"}
+        )
+        assert call.status == 200, await call.text()
+        vp8 = (await call.json())["session_id"]
+        refused = await client.post(
+            f"/sessions/{vp8}/whep",
+            data=await _offer(),
+            headers={"Content-Type": "application/sdp"},
+        )
+        body = await refused.json()
+        assert refused.status == 400, body
+        assert "H.264" in body["error"]["message"]
+        assert (await client.delete(f"/sessions/{vp8}")).status == 200
     finally:
         for viewer in (*watching, extra):
             await viewer.close()

@@ -98,6 +98,11 @@ async def whep(request: web.Request) -> web.Response:
     session = _watched(request)
     refuse_if_rate_limited(request)
     sdp, info = await _sdp_offer(request, "WHEP")
+    if (session.peer.video_codec or "").lower() != "video/h264":
+        raise OfferError(
+            f"session {session.session_id[:16]} sends {session.peer.video_codec or 'no video'}"
+            " (its caller could not take H.264); viewers are sent the session's H.264"
+        )
     viewer = await session.audience.add(sdp, info)
     location = f"/sessions/{session.session_id}/whep/{viewer.viewer_id}"
     return _answered(request, viewer.answer_sdp, location)

@@ -194,7 +194,7 @@ class _Muxer:
                 if self._status.connects > connects:
                     wait_s = 1.0  # it was live: a new failure starts the waits again
                 self._failed(exc, wait_s)
-                if self.stop.wait(wait_s):
+                if self._wait(wait_s):
                     break
                 wait_s = min(2 * wait_s, self._retry_max_s)
         self._status.state = "ended"
@@ -211,6 +211,17 @@ class _Muxer:
             status.last_error,
             wait_s,
         )
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` before trying again, taking (and dropping) what the session
+        hands over meanwhile, so nothing queues up; whether the output was stopped."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stop.is_set():
+                return True
+            with contextlib.suppress(queue.Empty):
+                self._frames.get(timeout=min(left, 0.2))
+        return self.stop.is_set()
 
     def _next(self) -> _Frame | None:
         """The next frame for the stream; None once stopped."""
