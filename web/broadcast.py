@@ -9,7 +9,8 @@ POST   /whip/{avatar}                         a WHIP publisher's application/sdp
                                               201, a session that speaks its audio
                                               (Location: /sessions/{id}, DELETE ends it)
 GET    /sessions/{id}/outputs                 the session's outputs and their state
-POST   /sessions/{id}/outputs                 {"rtmp": url} → pushed from now on (201)
+POST   /sessions/{id}/outputs                 {"rtmp": url} or {"whip": url, "token"} →
+                                              pushed from now on (201)
 DELETE /sessions/{id}/outputs/{output_id}     stopped
 
 A callerless session speaks what ``/audio``, ``/say`` and the audio stream give it, its
@@ -26,8 +27,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from streaming.broadcast.rtmp import OutputStatus
-from streaming.broadcast.targets import check_target
-from streaming.exceptions import OfferError, OutputLimitError, SessionLimitError
+from streaming.broadcast.targets import RTMP, WHIP, check_target
+from streaming.exceptions import OfferError, OutputError, OutputLimitError, SessionLimitError
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
@@ -66,11 +67,12 @@ async def create_session(request: web.Request) -> web.Response:
             f"{outputs.max_per_session}"
         )
     for target in body.outputs:  # refused before any session is made
-        await check_target(target.rtmp, allow_private=outputs.allow_private)
+        url, schemes = _target(target)
+        await check_target(url, allow_private=outputs.allow_private, schemes=schemes)
     session = await request.app[SESSIONS].create_callerless(body.avatar_id, request.remote)
     try:
         for target in body.outputs:
-            await session.outputs.add_rtmp(target.rtmp)
+            await _add_output(session, target)
     except BaseException:
         await session.close("offer failed")
         raise
@@ -171,9 +173,27 @@ async def list_outputs(request: web.Request) -> web.Response:
 async def add_output(request: web.Request) -> web.Response:
     """Push the session to one more target, from its next keyframe (201)."""
     session = _watched(request)
-    body = await read_json(request, OutputTarget, 4096)
-    status = await session.outputs.add_rtmp(body.rtmp)
+    body = await read_json(request, OutputTarget, 8192)
+    _target(body)
+    status = await _add_output(session, body)
     return web.json_response(_state(status).dump(), status=201)
+
+
+def _target(target: OutputTarget) -> tuple[str, tuple[str, ...]]:
+    """The output's URL and the schemes it may have (400 unless exactly one is named)."""
+    if (target.rtmp is None) == (target.whip is None):
+        raise OutputError('an output is {"rtmp": url} or {"whip": url, "token": ...}')
+    if target.rtmp is not None:
+        return target.rtmp, RTMP
+    assert target.whip is not None
+    return target.whip, WHIP
+
+
+async def _add_output(session: Session, target: OutputTarget) -> OutputStatus:
+    if target.rtmp is not None:
+        return await session.outputs.add_rtmp(target.rtmp)
+    assert target.whip is not None
+    return await session.outputs.add_whip(target.whip, target.token)
 
 
 async def remove_output(request: web.Request) -> web.Response:

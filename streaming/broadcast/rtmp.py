@@ -19,6 +19,7 @@ is (``connecting``, ``live``, ``retrying``, ``ended``) with its counters and las
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fractions
 import io
@@ -143,6 +144,15 @@ class RtmpOutput:
                 index += 1
         finally:
             self.stop()
+
+    def refresh(self) -> None:
+        """The status is the muxer thread's, always up to date."""
+
+    async def finish(self, timeout_s: float = 5.0) -> bool:
+        """After its task was cancelled: stop the muxer thread and wait up to
+        ``timeout_s`` for it to close the stream; whether it did."""
+        self.stop()
+        return await asyncio.to_thread(self.join, timeout_s)
 
     def stop(self) -> None:
         """Ask the muxer thread to finish (it closes the stream); returns at once."""

@@ -1,7 +1,8 @@
 """Where a session may push an output: checked before anything connects.
 
 An output makes the server open a connection to a URL an API client named. So the URL
-must be RTMP (``rtmp://``, ``rtmps://``), name a host and a stream, and, unless
+must be RTMP (``rtmp://``, ``rtmps://``, naming a host and a stream) or, for WHIP,
+``http://`` or ``https://`` naming a host, and, unless
 ``outputs.allow_private`` is on, every address its host resolves to must be a public
 one: never loopback, private, link-local, multicast or reserved ranges, so that a
 client cannot make the server reach into the network it runs in. The name is resolved
@@ -19,18 +20,20 @@ from urllib.parse import urlsplit
 
 from streaming.exceptions import OutputError
 
-SCHEMES = ("rtmp", "rtmps")
+RTMP = ("rtmp", "rtmps")
+WHIP = ("http", "https")
 MAX_URL = 2048
-DEFAULT_PORTS = {"rtmp": 1935, "rtmps": 443}
+DEFAULT_PORTS = {"rtmp": 1935, "rtmps": 443, "http": 80, "https": 443}
 
 
-async def check_target(url: str, *, allow_private: bool) -> str:
+async def check_target(url: str, *, allow_private: bool, schemes: tuple[str, ...] = RTMP) -> str:
     """``url`` if an output may push to it, else :class:`OutputError` saying why."""
     if len(url) > MAX_URL or any(c.isspace() or ord(c) < 32 for c in url):
         raise OutputError(f"an output URL is at most {MAX_URL} characters, without spaces")
     parts = urlsplit(url)
-    if parts.scheme not in SCHEMES:
-        raise OutputError(f"an RTMP output needs an rtmp:// or rtmps:// URL, got {parts.scheme!r}")
+    if parts.scheme not in schemes:
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        raise OutputError(f"this output needs a {wanted} URL, got {parts.scheme!r}")
     try:
         port = parts.port or DEFAULT_PORTS[parts.scheme]
     except ValueError:
@@ -38,7 +41,7 @@ async def check_target(url: str, *, allow_private: bool) -> str:
     host = parts.hostname
     if not host:
         raise OutputError("the output URL names no host")
-    if parts.path.strip("/").count("/") < 1:
+    if schemes == RTMP and parts.path.strip("/").count("/") < 1:
         raise OutputError("an RTMP URL is rtmp://host[:port]/app/stream-key")
     if allow_private:
         return url

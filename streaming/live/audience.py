@@ -186,15 +186,7 @@ class Audience:
         return viewer
 
     def _viewer_media(self, video: ViewerVideo) -> PeerMedia:
-        pipeline = self._pipeline
-        return dataclasses.replace(
-            pipeline.media(),
-            video=video,
-            audio=pipeline.buffers.chunk_for_viewer,
-            caller_audio=_ignored,
-            audio_loss=None,
-            join_late=True,
-        )
+        return dataclasses.replace(viewer_media(self._pipeline), video=video)
 
     def _left(self, viewer: Viewer) -> None:
         self._viewers.pop(viewer.viewer_id, None)
@@ -232,3 +224,16 @@ def _refuse_control(message: object, reply: Reply) -> None:
 
 def _ignored(samples: np.ndarray) -> None:
     """A viewer's own audio, if it sends any, is not heard by the session."""
+
+
+def viewer_media(pipeline: LivePipeline) -> PeerMedia:
+    """What a viewer's (or a WHIP publication's) tracks send: the session's frames from
+    its feed, its audio packets left in place, from the slot due when media starts."""
+    return dataclasses.replace(
+        pipeline.media(),
+        video=ViewerVideo(pipeline.feed),
+        audio=pipeline.buffers.chunk_for_viewer,
+        caller_audio=_ignored,
+        audio_loss=None,
+        join_late=True,
+    )

@@ -76,7 +76,7 @@ def build_parts(
     audience = Audience(
         session_id, pipeline, events, activity, settings=settings, encoders=shared.encoders
     )
-    outputs = Outputs(session_id, pipeline, shared.encoders, settings.outputs)
+    outputs = Outputs(session_id, pipeline, shared.encoders, settings)
     return SessionParts(
         session_id, tasks, events, speech, activity, pipeline, app_audio, report, audience, outputs
     )

@@ -13,14 +13,28 @@ from web.schemas.signalling import DelayBudget
 
 
 class OutputTarget(RequestModel):
-    """Where a session pushes a stream."""
+    """Where a session pushes a stream: `rtmp`, or `whip` (with its `token`)."""
 
-    value_codes: ClassVar[Mapping[str, str]] = {"rtmp": "bad_output"}
+    value_codes: ClassVar[Mapping[str, str]] = {
+        "rtmp": "bad_output",
+        "whip": "bad_output",
+        "token": "bad_output",
+    }
 
-    rtmp: str = Field(
+    rtmp: str | None = Field(
+        default=None,
         min_length=1,
         max_length=2048,
         description="`rtmp://host[:port]/app/stream-key` (or `rtmps://`): H.264 + AAC in FLV.",
+    )
+    whip: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="A WHIP endpoint, `http(s)://...`: H.264 + Opus over WebRTC (RFC 9725).",
+    )
+    token: str | None = Field(
+        default=None, max_length=4096, description="The WHIP endpoint's bearer token."
     )
 
 
@@ -62,7 +76,7 @@ class ViewerLeft(ResponseModel):
 
 class OutputState(ResponseModel):
     output_id: str
-    kind: Literal["rtmp"]
+    kind: Literal["rtmp", "whip"]
     target: str = Field(description="The URL without its stream key.")
     state: Literal["connecting", "live", "retrying", "ended"]
     frames_sent: Count
