@@ -388,6 +388,10 @@ class BroadcastSettings(_Section):
     # does: its own headers and encryption of the session's packets). A viewer past it
     # is refused with 503 too_many_viewers.
     viewers_per_session: int = Field(default=50, ge=0, le=10_000)
+    # Viewers whose link cannot carry the session's stream watch it at a lower step of
+    # the quality ladder (540p, 360p, 270p, 15 fps), each step encoded once for all its
+    # viewers from the session's decoded frames. Off: every viewer gets the one stream.
+    rungs: bool = True
 
 
 class OutputsSettings(_Section):

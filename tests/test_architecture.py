@@ -48,7 +48,7 @@ ALLOWED_SUBPACKAGE_IMPORTS = {
         "streaming.link",
         "streaming.broadcast",
     },
-    "streaming.broadcast": {"streaming.webrtc", "streaming.idle_loops"},
+    "streaming.broadcast": {"streaming.webrtc", "streaming.idle_loops", "streaming.link"},
     "streaming.idle_loops": {"streaming.webrtc"},
     "streaming.webrtc": {"streaming.link"},
     "streaming.offline": {"streaming.audio_in"},

@@ -321,6 +321,52 @@ async def _offer(*, video: bool = True, video_codec: str | None = None) -> str:
         await pc.close()
 
 
+async def test_a_viewer_on_a_slow_link_watches_a_lower_step_encoded_once(
+    client: Client,
+) -> None:
+    sid = await _new_session(client)
+    fast, slow = Viewer(client, sid), Viewer(client, sid)
+    try:
+        for viewer in (fast, slow):
+            await viewer.watch()
+        await until(lambda: len(slow.watched.sizes) >= 10, "the slow viewer's first pictures")
+        audience = client.app[SESSIONS].get(sid).audience
+        rungs = audience.rungs
+        assert rungs is not None
+        top = rungs.steps[0]
+        # The test says what each viewer's link carries (REMB; aiortc's own estimate,
+        # which a loaded machine can drag down, is switched off): one carries twice the
+        # session's stream, the other 0.3 of it.
+        links = {fast: 2 * top.ceiling_bps, slow: round(0.3 * top.ceiling_bps)}
+
+        async def tell() -> None:
+            for viewer, bitrate in links.items():
+                await viewer.send_remb(bitrate)
+
+        async def stepped_down() -> bool:
+            await tell()
+            return bool(slow.watched.sizes) and slow.watched.sizes[-1][0] < top.width
+
+        await until(stepped_down, "the slow viewer to get a smaller picture", poll_s=0.2)
+        seen = len(fast.watched.sizes)
+
+        async def fast_goes_on() -> bool:
+            await tell()
+            return len(fast.watched.sizes) >= seen + 25
+
+        await until(fast_goes_on, "the fast viewer's pictures", poll_s=0.2)
+        assert fast.watched.sizes[-1] == (top.width, top.height)  # the other one is unmoved
+        (name,) = rungs.encoded  # one lower step, encoded once for its viewer
+        assert rungs.encoded[name] > 0
+        width, height = slow.watched.sizes[-1]
+        step = next(s for s in rungs.steps if s.name == name)
+        assert (width, height) == (step.width, step.height)
+        assert step.ceiling_bps <= 0.3 * top.ceiling_bps  # the highest step the link carries
+    finally:
+        for viewer in (fast, slow):
+            await viewer.close()
+
+
 async def test_a_viewer_that_vanishes_is_dropped_alone(tmp_path: Path, loopback: None) -> None:
     settings = _settings(tmp_path)
     async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as client:

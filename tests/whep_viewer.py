@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, pack_remb_fci
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Watched:
     and audio samples."""
 
     pictures: list[str] = field(default_factory=list)
+    sizes: list[tuple[int, int]] = field(default_factory=list)
     audio_samples: int = 0
     audio_peak: float = 0.0
 
@@ -81,10 +83,28 @@ class Viewer:
             if isinstance(frame, av.VideoFrame):
                 plane = frame.to_ndarray(format="yuv420p")[: frame.height]
                 watched.pictures.append(luma_digest(plane))
+                watched.sizes.append((frame.width, frame.height))
             elif isinstance(frame, av.AudioFrame):
                 pcm = frame.to_ndarray()
                 watched.audio_samples += frame.samples
                 watched.audio_peak = max(watched.audio_peak, float(abs(pcm).max()) / 32768)
+
+    async def send_remb(self, bitrate: int) -> None:
+        """Tell the server this viewer's link carries ``bitrate`` (a REMB), in place of
+        what aiortc's own estimator would say (it is switched off here)."""
+        receiver = next(t.receiver for t in self.pc.getTransceivers() if t.kind == "video")
+        receiver._RTCRtpReceiver__remote_bitrate_estimator = None  # type: ignore[attr-defined]
+        sources = receiver.getSynchronizationSources()
+        if not sources:
+            return
+        await receiver._send_rtcp(  # type: ignore[attr-defined]
+            RtcpPsfbPacket(
+                fmt=RTCP_PSFB_APP,
+                ssrc=receiver._RTCRtpReceiver__rtcp_ssrc,  # type: ignore[attr-defined]
+                media_ssrc=0,
+                fci=pack_remb_fci(bitrate, [sources[0].source]),
+            )
+        )
 
     async def leave(self) -> int:
         """``DELETE`` the viewer's ``Location``; the status."""

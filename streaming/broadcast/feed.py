@@ -23,7 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import av
 import numpy as np
@@ -73,6 +73,11 @@ class VideoFeed:
         self._closed = False
         self.published = 0
         self.keyframes_asked = 0
+
+    @property
+    def last(self) -> int | None:
+        """The index of the last frame published (None before the first)."""
+        return self._last
 
     def publish(self, index: int, packet: av.Packet[Any], encoder: LipstreamH264Encoder) -> None:
         """The session sent frame ``index`` as ``packet`` (payloads in its ``opaque``),
@@ -143,6 +148,14 @@ class PublishedVideo:
         self._source.sent(index)
 
 
+class StepChoice(Protocol):
+    """Where a viewer's step's frames come from (:class:`~streaming.broadcast.rungs.Rungs`)."""
+
+    def choose(self, current: int, budget_bps: int) -> int: ...
+
+    def feed(self, step: int, viewer: int, budget_bps: int) -> VideoFeed: ...
+
+
 class ViewerVideo:
     """A viewer's video source: the session's frame for each slot, from ``feed``.
 
@@ -150,11 +163,15 @@ class ViewerVideo:
     the session sent before it) or it is an IDR; otherwise the slot sends nothing and
     the session's encoder is asked for an IDR. A PLI or FIR from the viewer (its
     ``encoder``'s keyframe request) is passed on the same way; the viewer keeps getting
-    frames meanwhile.
+    frames meanwhile. With ``steps``, the viewer watches the quality step its link's
+    budget (its ``encoder``'s target) buys, moving to another step's feed at that
+    feed's next IDR.
     """
 
-    def __init__(self, feed: VideoFeed) -> None:
-        self._feed = feed
+    def __init__(self, feed: VideoFeed, steps: StepChoice | None = None) -> None:
+        self._top = self._feed = feed
+        self._steps = steps
+        self.step = 0
         self._last_sent: int | None = None
         self.frames_relayed = 0
         self.slots_empty = 0  # slots that sent nothing: no frame, or out of the chain
@@ -163,6 +180,13 @@ class ViewerVideo:
         raise RuntimeError("a viewer is sent the session's H.264 frames; it must accept H.264")
 
     async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
+        steps = self._steps
+        if steps is not None:
+            budget = encoder.target_bitrate
+            step = steps.choose(self.step, budget)
+            feed = steps.feed(step, id(self), budget)
+            if feed is not self._feed:  # another step: from its next IDR on
+                self.step, self._feed, self._last_sent = step, feed, None
         frame = await self._feed.frame(index)
         if encoder.keyframe_wanted:  # the viewer's PLI/FIR (throttled by its encoder)
             encoder.take_keyframe_request()

@@ -27,16 +27,19 @@ import numpy as np
 
 from config.settings import Settings
 from streaming.broadcast.feed import ViewerVideo
+from streaming.broadcast.rungs import Rungs
 from streaming.exceptions import (
     OfferError,
     PartNotFoundError,
     SessionNotFoundError,
     ViewerLimitError,
 )
+from streaming.link.ladder import steps_for
 from streaming.live.events import SessionEvents, error_event
 from streaming.live.pipeline import LivePipeline, Reply
 from streaming.live.tasks import StageTasks
 from streaming.live.watchdogs import AudioActivity, ice_failure, peer_gone
+from streaming.live.workers import Offload
 from streaming.webrtc.data_channel import EventChannel
 from streaming.webrtc.ice import ice_configuration
 from streaming.webrtc.offer_check import OfferInfo
@@ -104,13 +107,17 @@ class Audience:
         *,
         settings: Settings,
         encoders: EncoderFactory,
+        executor: Offload,
     ) -> None:
         self._session_id = session_id
         self._pipeline = pipeline
         self._events = events
         self._settings = settings
         self._encoders = encoders
+        self._executor = executor
         self.limit = settings.broadcast.viewers_per_session
+        self.rungs: Rungs | None = None  # the lower steps, once a viewer joins
+        self._rungs_task: asyncio.Task[None] | None = None
         self._activity = activity
         self._viewers: dict[str, Viewer] = {}
         self._joining = 0
@@ -147,7 +154,7 @@ class Audience:
             raise OfferError("a viewer's offer needs a video section to receive the avatar")
         viewer_id = secrets.token_urlsafe(12)
         tasks = StageTasks(f"{self._session_id[:8]}/{viewer_id}")
-        video = ViewerVideo(self._pipeline.feed)
+        video = ViewerVideo(self._pipeline.feed, self._steps())
         media = self._viewer_media(video)
         self._joining += 1
         try:
@@ -185,6 +192,28 @@ class Audience:
         )
         return viewer
 
+    def _steps(self) -> Rungs | None:
+        """The session's lower steps for viewers on slower links (``broadcast.rungs``);
+        their task starts with the first viewer and ends with the session."""
+        if not self._settings.broadcast.rungs:
+            return None
+        if self.rungs is None:
+            media = self._pipeline.media()
+            width, height = media.frame_size
+            top = self._encoders.config(width, height, media.fps).bitrate
+            self.rungs = Rungs(
+                self._pipeline.feed,
+                steps_for(width, height, media.fps, top),
+                self._encoders,
+                self._executor,
+                fps=media.fps,
+            )
+            self._rungs_task = asyncio.create_task(
+                self.rungs.run(), name=f"rungs-{self._session_id[:8]}"
+            )
+            self._rungs_task.add_done_callback(_rungs_ended)
+        return self.rungs
+
     def _viewer_media(self, video: ViewerVideo) -> PeerMedia:
         return dataclasses.replace(viewer_media(self._pipeline), video=video)
 
@@ -201,6 +230,10 @@ class Audience:
         self._closed = True
         viewers = list(self._viewers.values())
         await asyncio.gather(*(v.close("session ended") for v in viewers))
+        if self._rungs_task is not None:
+            self._rungs_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rungs_task
 
     async def unwatched(self, timeout_s: float, *, also: Callable[[], int]) -> str:
         """Return ``"idle"`` once the session has had neither audio nor a viewer, nor
@@ -214,6 +247,15 @@ class Audience:
                 )
                 return "idle"
             self._activity.heard()  # watched: the count starts again
+
+
+def _rungs_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "the viewers' steps failed; viewers keep the session's own stream: %r",
+            task.exception(),
+            exc_info=task.exception(),
+        )
 
 
 def _refuse_control(message: object, reply: Reply) -> None:

@@ -74,7 +74,13 @@ def build_parts(
         stats=pipeline.stats,
     )
     audience = Audience(
-        session_id, pipeline, events, activity, settings=settings, encoders=shared.encoders
+        session_id,
+        pipeline,
+        events,
+        activity,
+        settings=settings,
+        encoders=shared.encoders,
+        executor=shared.executor,
     )
     outputs = Outputs(session_id, pipeline, shared.encoders, settings)
     return SessionParts(
