@@ -18,6 +18,7 @@ import pytest_asyncio
 import ray
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCPeerConnection
 from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
@@ -271,6 +272,23 @@ async def test_a_callerless_session_is_placed_and_watched_through_the_front(
             await viewer.close()
         refused = await front.post("/sessions", json={"avatar": "Bad.Id"})
         assert refused.status == 400
+        publisher = RTCPeerConnection()  # a WHIP publisher, placed where bob's model is
+        try:
+            publisher.addTransceiver("audio", direction="sendonly")
+            await publisher.setLocalDescription(await publisher.createOffer())
+            published = await front.post(
+                "/whip/bob",
+                data=publisher.localDescription.sdp,
+                headers={"Content-Type": "application/sdp"},
+            )
+            assert published.status == 201, await published.text()
+            location = published.headers["Location"]
+            whip_address = parse_session_id(location.removeprefix("/sessions/"))
+            assert whip_address is not None
+            assert whip_address.worker == _worker_of(anchor)
+            assert (await front.delete(location)).status == 200
+        finally:
+            await publisher.close()
         assert (await front.delete(f"/sessions/{sid}")).status == 200
     finally:
         await anchor.hang_up()

@@ -246,6 +246,42 @@ async def test_an_ingest_that_drops_is_tried_again_and_the_session_goes_on(
         assert (await client.delete(f"/sessions/{sid}/outputs/{output_id}")).status == 200
 
 
+async def test_an_ingest_that_never_answers_is_given_up_on_and_tried_again(
+    tmp_path: Path,
+) -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # takes the connection, never says a word of RTMP
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with _app(_settings(tmp_path, connect_timeout_s=1.0)) as client:
+            outputs = [{"rtmp": f"rtmp://127.0.0.1:{port}/live/key"}]
+            created = await client.post("/sessions", json={"avatar": "demo", "outputs": outputs})
+            sid = (await created.json())["session_id"]
+
+            async def given_up_twice() -> bool:
+                (status,) = await _outputs(client, sid)
+                return status["retries"] >= 2 and "not live" in (status["last_error"] or "")
+
+            await until(given_up_twice, "the silent ingest to be given up on, twice")
+            assert len(accepted) >= 2  # it came back to try again
+            sent = client.app[SESSIONS].get(sid).frames_sent
+            await until(
+                lambda: client.app[SESSIONS].get(sid).frames_sent > sent + 10, "the session"
+            )
+            (status,) = await _outputs(client, sid)
+            removed = await client.delete(f"/sessions/{sid}/outputs/{status['output_id']}")
+            assert removed.status == 200
+            assert (await removed.json())["state"] == "ended"
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
 async def test_targets_the_server_may_not_push_to_are_refused(tmp_path: Path) -> None:
     settings = _settings(tmp_path, allow_private=False, max_per_session=1)
     async with _app(settings) as client:

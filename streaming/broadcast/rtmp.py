@@ -4,40 +4,40 @@ in FLV (``docs/architecture.md`` §21).
 The video is the session's own encode, never encoded again: on each video slot of the
 session's clock the output takes the frame the session sent from its feed, through the
 same chain rule as a viewer (:class:`~streaming.broadcast.feed.ViewerVideo`: from an
-IDR on), with the session's audio packets of that frame's time. That hand-off is all
-the event loop does; a thread of the output's own (:class:`_Muxer`) turns payloads back
-into access units (:mod:`~streaming.broadcast.h264_units`), decodes the Opus packets and
-encodes AAC, and writes FLV to the ingest through FFmpeg's RTMP client, whose network
-writes may block. Between the two a queue of :data:`QUEUE_FRAMES` frames: when the
-ingest is slower than real time the newest frames are dropped, never queued, and the
-output starts again from the next IDR.
+IDR on), with the session's audio packets of that frame's time, and writes them to a
+child process of its own (:mod:`~streaming.broadcast.rtmp_push`), which runs FFmpeg's
+RTMP client: its network writes block, and PyAV holds the GIL through them, so in the
+server's process an ingest that stopped answering would stop everything. All the event
+loop does per frame is join the frame's payloads into an access unit and write a few
+kilobytes to a pipe; when the pipe holds more than :data:`PIPE_LIMIT` (the child, or
+the ingest behind it, is slower than real time) the frame is dropped, never queued, and
+the output starts again from the next IDR.
 
-An ingest that refuses, times out or drops the stream is tried again after 1 s, then 2,
-4… up to ``outputs.retry_max_s``, from the next IDR; :class:`OutputStatus` says where it
-is (``connecting``, ``live``, ``retrying``, ``ended``) with its counters and last error.
+A child that reports an error, exits, does not go live within ``outputs.connect_timeout_s``
+of connecting, or reports no progress for as long once live, is ended (killed if it must
+be) and a new one started after 1 s, then 2, 4… up to ``outputs.retry_max_s``, from the
+next IDR. :class:`OutputStatus` says where the output is (``connecting``, ``live``,
+``retrying``, ``ended``) with its counters and last error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
-import io
 import logging
 import math
-import queue
-import threading
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import av
-import numpy as np
 
-from streaming.audio_rates import AUDIO_CHUNK_S, CHUNK_SAMPLES, OUT_RATE
+from streaming.audio_rates import AUDIO_CHUNK_S
 from streaming.broadcast.feed import VideoFeed, ViewerVideo
 from streaming.broadcast.h264_units import access_unit
+from streaming.broadcast.rtmp_push import AUDIO, KEYFRAME, VIDEO, message
 from streaming.idle_loops import carries_idr
 from streaming.webrtc.pacing import SessionClock, wait_for_slot
 from streaming.webrtc.tracks import PacketSource
@@ -45,12 +45,11 @@ from streaming.webrtc.video_encoder import LipstreamH264Encoder
 
 logger = logging.getLogger(__name__)
 
-#: Frames waiting for the muxer thread at most (one second at 25 fps).
-QUEUE_FRAMES = 25
-#: The AAC stream: bitrate, and samples per AAC frame (FFmpeg's encoder takes 1024).
-AAC_BITRATE = 96_000
-AAC_FRAME = 1024
-_MS = fractions.Fraction(1, 1000)
+#: Bytes written to the child and not yet read by it beyond which frames are dropped
+#: (about a second of a 720p stream).
+PIPE_LIMIT = 512 * 1024
+#: Seconds a stopped child is given to close its stream before it is killed.
+STOP_S = 5.0
 
 
 @dataclass
@@ -80,17 +79,6 @@ def shown_target(url: str) -> str:
     return f"{parts.scheme}://{host}{app}/…"
 
 
-@dataclass(frozen=True, slots=True)
-class _Frame:
-    """One video slot for the muxer: its frame's payloads (None: nothing sent for it)
-    and the Opus packets of the audio chunks up to the slot's end."""
-
-    index: int
-    payloads: list[bytes] | None
-    keyframe: bool
-    audio: list[tuple[int, bytes]]
-
-
 class RtmpOutput:
     """The session pushed to ``url`` (module doc); :meth:`run` is its task."""
 
@@ -108,222 +96,159 @@ class RtmpOutput:
         timeout_s: float,
     ) -> None:
         self.status = status
+        self._url = url
         self._clock = clock
         self._fps = fps
         self._video = ViewerVideo(feed)
         self._audio = audio
         self._encoder = encoder  # never opened: it only carries keyframe requests
-        self._queue: queue.Queue[_Frame | None] = queue.Queue(maxsize=QUEUE_FRAMES)
-        self._muxer = _Muxer(url, status, self._queue, fps, retry_max_s, timeout_s)
-        self._thread = threading.Thread(
-            target=self._muxer.run, name=f"lipstream-rtmp-{status.output_id[:6]}", daemon=True
-        )
-
-    async def run(self) -> None:
-        """Hand each video slot's frame and audio to the muxer until cancelled."""
-        self._thread.start()
-        period = 1.0 / self._fps
-        index = self._clock.slots_due(period)
-        next_chunk = math.floor(index * period / AUDIO_CHUNK_S + 1e-9)
-        try:
-            while True:
-                slot = await wait_for_slot(self._clock, index, period)
-                index = slot.index
-                packet = await self._video.packet_for(index, self._encoder)
-                payloads = packet.opaque if isinstance(packet.opaque, list) else []
-                last_chunk = math.floor((index + 1) * period / AUDIO_CHUNK_S + 1e-9)
-                first_chunk = max(next_chunk, last_chunk - 10)  # after a skip: recent only
-                audio = [(m, bytes(self._audio(m))) for m in range(first_chunk, last_chunk)]
-                next_chunk = last_chunk
-                frame = _Frame(index, payloads or None, bool(payloads) and _keyframe(packet), audio)
-                try:
-                    self._queue.put_nowait(frame)
-                except queue.Full:  # the ingest is slower than real time: drop, resync
-                    self.status.frames_dropped += 1
-                    self._video.resync()
-                index += 1
-        finally:
-            self.stop()
-
-    def refresh(self) -> None:
-        """The status is the muxer thread's, always up to date."""
-
-    async def finish(self, timeout_s: float = 5.0) -> bool:
-        """After its task was cancelled: stop the muxer thread and wait up to
-        ``timeout_s`` for it to close the stream; whether it did."""
-        self.stop()
-        return await asyncio.to_thread(self.join, timeout_s)
-
-    def stop(self) -> None:
-        """Ask the muxer thread to finish (it closes the stream); returns at once."""
-        self._muxer.stop.set()
-        with contextlib.suppress(queue.Full):  # else it sees ``stop`` within its next wait
-            self._queue.put_nowait(None)
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the muxer thread (blocking: call it in a thread);
-        whether it ended."""
-        if self._thread.ident is not None:
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
-
-
-def _keyframe(packet: av.Packet[Any]) -> bool:
-    payloads = packet.opaque
-    return isinstance(payloads, list) and carries_idr(payloads)
-
-
-class _Muxer:
-    """The output's thread: FLV to the ingest, connecting again after a failure."""
-
-    def __init__(
-        self,
-        url: str,
-        status: OutputStatus,
-        frames: queue.Queue[_Frame | None],
-        fps: int,
-        retry_max_s: float,
-        timeout_s: float,
-    ) -> None:
-        self._url = url
-        self._status = status
-        self._frames = frames
-        self._fps = fps
         self._retry_max_s = retry_max_s
         self._timeout_s = timeout_s
-        self.stop = threading.Event()
+        self._next_chunk = 0
 
-    def run(self) -> None:
+    def refresh(self) -> None:
+        """The status is kept up to date as the child reports."""
+
+    async def finish(self) -> bool:
+        """After its task was cancelled: nothing left (the task ended its child)."""
+        return True
+
+    async def run(self) -> None:
+        """Push from the next IDR on, starting a new child after each failure, until
+        cancelled (module doc)."""
         wait_s = 1.0
-        while not self.stop.is_set():
-            connects = self._status.connects
-            try:
-                self._stream()
-                break  # stopped
-            except (av.FFmpegError, OSError, ValueError) as exc:
-                if self._status.connects > connects:
-                    wait_s = 1.0  # it was live: a new failure starts the waits again
-                self._failed(exc, wait_s)
-                if self._wait(wait_s):
-                    break
-                wait_s = min(2 * wait_s, self._retry_max_s)
-        self._status.state = "ended"
+        while True:
+            connects = self.status.connects
+            reason = await self._push_once()
+            if self.status.connects > connects:
+                wait_s = 1.0  # it was live: the waits start again
+            status = self.status
+            status.state, status.last_error = "retrying", reason[:300]
+            status.retries += 1
+            logger.warning(
+                "output %s to %s failed (%s); trying again in %.0f s",
+                status.output_id,
+                status.target,
+                reason,
+                wait_s,
+            )
+            await asyncio.sleep(wait_s)
+            wait_s = min(2 * wait_s, self._retry_max_s)
 
-    def _failed(self, exc: Exception, wait_s: float) -> None:
-        status = self._status
-        status.last_error = f"{type(exc).__name__}: {exc}"[:300]
-        status.state = "retrying"
-        status.retries += 1
-        logger.warning(
-            "output %s to %s failed (%s); trying again in %.0f s",
-            status.output_id,
-            status.target,
-            status.last_error,
-            wait_s,
+    async def _push_once(self) -> str:
+        """One child, until it fails: why it ended."""
+        self.status.state = "connecting"
+        command = [sys.executable, "-m", "streaming.broadcast.rtmp_push", self._url]
+        command += ["--fps", str(self._fps), "--timeout-s", str(self._timeout_s)]
+        child = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
         )
+        reports = _Reports(self.status, self._timeout_s)
+        reading = asyncio.create_task(reports.read(child))
+        self._video.resync()  # a new stream starts at an IDR
+        try:
+            return await self._feed_child(child, reports, reading)
+        finally:
+            await _end(child)
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
 
-    def _wait(self, seconds: float) -> bool:
-        """Wait ``seconds`` before trying again, taking (and dropping) what the session
-        hands over meanwhile, so nothing queues up; whether the output was stopped."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self.stop.is_set():
-                return True
-            with contextlib.suppress(queue.Empty):
-                self._frames.get(timeout=min(left, 0.2))
-        return self.stop.is_set()
+    async def _feed_child(
+        self, child: asyncio.subprocess.Process, reports: _Reports, reading: asyncio.Task[None]
+    ) -> str:
+        assert child.stdin is not None
+        pipe = child.stdin
+        period = 1.0 / self._fps
+        index = self._clock.slots_due(period)
+        self._next_chunk = math.floor(index * period / AUDIO_CHUNK_S + 1e-9)
+        while True:
+            slot = await wait_for_slot(self._clock, index, period)
+            index = slot.index
+            if reading.done():
+                return reports.error or f"the pushing process ended ({child.returncode})"
+            stalled = reports.stalled(time.monotonic())
+            if stalled is not None:
+                return stalled
+            data = self._messages(index, await self._video.packet_for(index, self._encoder))
+            if pipe.transport.get_write_buffer_size() > PIPE_LIMIT:
+                self.status.frames_dropped += 1  # slower than real time: drop, resync
+                self._video.resync()
+            else:
+                pipe.write(data)
+            index += 1
 
-    def _next(self) -> _Frame | None:
-        """The next frame for the stream; None once stopped."""
-        while not self.stop.is_set():
-            try:
-                frame = self._frames.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            return frame
+    def _messages(self, index: int, packet: av.Packet[Any]) -> bytes:
+        """Slot ``index``'s frame (if the chain allows one) and the audio chunks up to
+        the slot's end, as messages for the child."""
+        out = bytearray()
+        payloads = packet.opaque if isinstance(packet.opaque, list) else []
+        if payloads:
+            kind = KEYFRAME if carries_idr(payloads) else VIDEO
+            out += message(kind, index, access_unit(payloads))
+        last_chunk = math.floor((index + 1) / self._fps / AUDIO_CHUNK_S + 1e-9)
+        for chunk in range(max(self._next_chunk, last_chunk - 10), last_chunk):
+            out += message(AUDIO, chunk, bytes(self._audio(chunk)))
+        self._next_chunk = last_chunk
+        return bytes(out)
+
+
+class _Reports:
+    """What the child says (module doc), into the output's status."""
+
+    def __init__(self, status: OutputStatus, timeout_s: float) -> None:
+        self._status = status
+        self._timeout_s = timeout_s
+        self._frames_before = status.frames_sent
+        self._bytes_before = status.bytes_sent
+        self._connecting_at: float | None = None
+        self._heard_at = time.monotonic()
+        self.error: str | None = None
+
+    def stalled(self, now: float) -> str | None:
+        """Why the child is to be ended for making no progress, if it is."""
+        if self._status.state == "live" and now - self._heard_at > self._timeout_s:
+            return f"no progress for {self._timeout_s:g} s"
+        connecting = self._connecting_at
+        if (
+            self._status.state != "live"
+            and connecting is not None
+            and now - connecting > self._timeout_s
+        ):
+            return f"not live {self._timeout_s:g} s after connecting"
         return None
 
-    def _stream(self) -> None:
-        """One connection: from the next IDR until stopped (returns) or failed (raises)."""
+    async def read(self, child: asyncio.subprocess.Process) -> None:
+        assert child.stdout is not None
         status = self._status
-        status.state = "connecting"
-        first = self._next()
-        while first is not None and not first.keyframe:
-            first = self._next()
-        if first is None or first.payloads is None:
-            return
-        timeout = (self._timeout_s, self._timeout_s)
-        container = av.open(self._url, "w", format="flv", timeout=timeout)
-        try:
-            video = _video_stream(container, access_unit(first.payloads))
-            audio = container.add_stream("aac", rate=OUT_RATE, layout="mono")
-            audio.bit_rate = AAC_BITRATE
-            sound = _Sound(first.index * OUT_RATE // self._fps)
-            frame: _Frame | None = first
-            while frame is not None:
-                if frame.payloads is not None:
-                    data = access_unit(frame.payloads)
-                    packet = av.Packet(data)
-                    packet.stream = video
-                    packet.time_base = _MS
-                    packet.pts = packet.dts = (frame.index - first.index) * 1000 // self._fps
-                    packet.is_keyframe = frame.keyframe
-                    container.mux(packet)
-                    status.frames_sent += 1
-                    status.bytes_sent += len(data)
-                    if status.state != "live":
-                        status.state = "live"
-                        status.connects += 1
-                        logger.info("output %s is live: %s", status.output_id, status.target)
-                for encoded in sound.encode(audio, frame.audio):
-                    container.mux(encoded)
-                    status.bytes_sent += encoded.size
-                frame = self._next()
-        finally:
-            with contextlib.suppress(av.FFmpegError, OSError):
-                container.close()
+        async for raw in child.stdout:
+            line = raw.decode(errors="replace").strip()
+            self._heard_at = time.monotonic()
+            if line == "connecting":
+                self._connecting_at = self._heard_at
+            elif line == "live":
+                status.state = "live"
+                status.connects += 1
+                logger.info("output %s is live: %s", status.output_id, status.target)
+            elif line.startswith("sent "):
+                frames, sent = (int(value) for value in line.split()[1:3])
+                status.frames_sent = self._frames_before + frames
+                status.bytes_sent = self._bytes_before + sent
+            elif line.startswith("error "):
+                self.error = line.removeprefix("error ")
 
 
-def _video_stream(container: Any, keyframe: bytes) -> Any:
-    """The FLV's video stream, its parameters (SPS, PPS, size) read from the first IDR."""
-    with av.open(io.BytesIO(keyframe), format="h264") as parsed:
-        stream = container.add_stream_from_template(parsed.streams.video[0])
-    stream.time_base = _MS
-    return stream
-
-
-class _Sound:
-    """The session's Opus packets → PCM → AAC frames of 1024 samples, stamped in
-    samples from the stream's first frame (``origin``, in 48 kHz samples)."""
-
-    def __init__(self, origin: int) -> None:
-        self._origin = origin
-        self._decoder = av.CodecContext.create("libopus", "r")
-        self._decoder.sample_rate = OUT_RATE
-        self._decoder.layout = "mono"
-        self._pending = np.zeros(0, dtype=np.float32)
-        self._pts: int | None = None
-
-    def encode(self, stream: Any, chunks: list[tuple[int, bytes]]) -> list[av.Packet[Any]]:
-        packets: list[av.Packet[Any]] = []
-        for index, payload in chunks:
-            start = index * CHUNK_SAMPLES - self._origin
-            if start < 0:
-                continue  # before the first video frame
-            if self._pts is None:
-                self._pts = start
-            pcm = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
-            for decoded in self._decoder.decode(av.Packet(payload)):
-                samples = decoded.to_ndarray().astype(np.float32).reshape(-1)
-                if decoded.format.name.startswith("s16"):
-                    samples /= 32768.0
-                pcm[: min(len(samples), CHUNK_SAMPLES)] = samples[:CHUNK_SAMPLES]
-            self._pending = np.concatenate([self._pending, pcm])
-            while len(self._pending) >= AAC_FRAME:
-                block, self._pending = self._pending[:AAC_FRAME], self._pending[AAC_FRAME:]
-                frame = av.AudioFrame.from_ndarray(block[None, :], format="fltp", layout="mono")
-                frame.sample_rate = OUT_RATE
-                frame.pts = self._pts
-                self._pts += AAC_FRAME
-                packets.extend(stream.encode(frame))
-        return packets
+async def _end(child: asyncio.subprocess.Process) -> None:
+    """Close the child's input (it closes its stream and exits); kill it if it has not
+    within :data:`STOP_S`."""
+    if child.stdin is not None and not child.stdin.is_closing():
+        child.stdin.close()
+    try:
+        async with asyncio.timeout(STOP_S):
+            await child.wait()
+    except TimeoutError:
+        child.kill()
+        await child.wait()

@@ -9,8 +9,8 @@ one (``docs/architecture.md`` §14):
   worker :func:`~web.cluster.placement.candidates` names that accepts it. A worker that
   refuses for capacity (503) is skipped for the next; when all refuse, the caller gets
   503 + Retry-After with their reasons.
-- ``POST /sessions`` (a session no caller owns) is checked the same way and placed as
-  an offer is.
+- ``POST /sessions`` (a session no caller owns) and ``POST /whip/{avatar}`` (a WHIP
+  publisher) are checked the same way and placed as an offer is.
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
   worker has that name, ``410 session_lost`` when the worker restarted since); the audio
   stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
@@ -101,6 +101,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     router = app.router
     router.add_post("/offer", offer)
     router.add_post("/sessions", new_session)
+    router.add_post("/whip/{avatar}", whip)
     router.add_route("*", "/sessions/{session_id}", to_session)
     router.add_route("*", "/sessions/{session_id}/{tail:.*}", to_session)
     router.add_route("*", "/v1/infer/{model_id}", to_model)
@@ -184,6 +185,19 @@ async def new_session(request: web.Request) -> web.Response:
     body = parse_body(NewSession, raw, example='{"avatar": "demo"}')
     require_token(request, settings.auth, body.avatar_id)
     return await _place(request, body.avatar_id, raw)
+
+
+async def whip(request: web.Request) -> web.Response:
+    """A WHIP publisher's offer (``POST /whip/{avatar}``): checked as in one process as far
+    as a front can (draining, rate, size, token), then placed as an offer is."""
+    settings = request.app[SETTINGS]
+    if request.app[DRAINING].draining:
+        raise SessionLimitError("the server is shutting down; try again shortly")
+    refuse_if_rate_limited(request)
+    avatar = request.match_info["avatar"]
+    require_token(request, settings.auth, avatar)
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the SDP offer")
+    return await _place(request, avatar, raw)
 
 
 async def _place(request: web.Request, avatar_id: str, raw: bytes) -> web.Response:
