@@ -85,13 +85,6 @@ def _write_conf(directory: Path, port: int) -> Path:
     return conf
 
 
-def _write_conf(directory: Path, port: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    conf = directory / "nginx.conf"
-    conf.write_text(_conf(directory, port))
-    return conf
-
-
 @asynccontextmanager
 async def run_rtmp_server(directory: Path, *, port: int | None = None) -> AsyncIterator[RtmpServer]:
     """nginx taking RTMP on a free loopback port (or ``port``); stopped when the block ends."""
