@@ -85,14 +85,30 @@ def _relayed(session: Session) -> dict[str, int]:
     return {v.viewer_id: v.video.frames_relayed for v in session.audience._viewers.values()}
 
 
+def _server_cpu() -> float:
+    """This process's CPU seconds, and its RTMP outputs' pushing processes' (children of
+    this process that are part of the server; the load client is not counted)."""
+    total = cpu_seconds()
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                if b"rtmp_push" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended meanwhile
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 async def _window(session: Session, seconds: float) -> Result:
     """Over ``seconds``: server ms per frame the session sent, the session's fps, and the
     lowest share of those frames a viewer's track relayed (what the server lost, not the
     client)."""
     relayed0 = _relayed(session)
-    sent0, cpu0, t0 = session.frames_sent, cpu_seconds(), time.monotonic()
+    sent0, cpu0, t0 = session.frames_sent, _server_cpu(), time.monotonic()
     await asyncio.sleep(seconds)
-    sent, cpu, relayed = session.frames_sent - sent0, cpu_seconds() - cpu0, _relayed(session)
+    sent, cpu, relayed = session.frames_sent - sent0, _server_cpu() - cpu0, _relayed(session)
     shares = [(n - relayed0[v]) / max(sent, 1) for v, n in relayed.items() if v in relayed0]
     return {
         "ms_per_frame": cpu * 1000 / max(sent, 1),
