@@ -293,6 +293,13 @@ async def test_a_callerless_session_is_placed_and_watched_through_the_front(
     finally:
         await anchor.hang_up()
 
+    async def emptied() -> bool:  # the next test places calls by the workers' reports
+        await cluster.refresh()
+        reports = [w.report for w in cluster.workers.values()]
+        return all(r is not None and r.live_sessions == 0 for r in reports)
+
+    await until(emptied, "both workers to report no session")
+
 
 async def test_a_full_cluster_refuses_with_retry_after(front: TestClient[Any, Any]) -> None:
     cluster = _cluster(front)

@@ -251,19 +251,14 @@ class SnapshotCollector(Collector):
             "Audio stream WebSockets open (one at most per session).",
             value=totals.audio_streams,
         )
-        live = self._sessions.sessions
         yield GaugeMetricFamily(
             "lipstream_sessions_callerless",
             "Live sessions no caller owns (POST /sessions).",
-            value=sum(not s.caller for s in live),
+            value=totals.callerless,
         )
+        yield GaugeMetricFamily("lipstream_viewers", "WHEP viewers watching now.", totals.viewers)
         yield GaugeMetricFamily(
-            "lipstream_viewers", "WHEP viewers watching now.", value=sum(s.viewers for s in live)
-        )
-        yield GaugeMetricFamily(
-            "lipstream_outputs",
-            "Streams pushed out now (RTMP).",
-            value=sum(s.outputs for s in live),
+            "lipstream_outputs", "Streams pushed out now (RTMP, WHIP).", totals.outputs
         )
         events = CounterMetricFamily(
             "lipstream_sessions",

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 KEPT_FRAMES = 8
 #: The least time between two IDRs viewers may ask a callerless session's encoder for.
 VIEWER_KEYFRAME_INTERVAL_S = 1.0
+#: Seconds a viewer watches the session's own stream before its link picks its step.
+STEPS_AFTER_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +168,22 @@ class ViewerVideo:
     ``encoder``'s keyframe request) is passed on the same way; the viewer keeps getting
     frames meanwhile. With ``steps``, the viewer watches the quality step its link's
     budget (its ``encoder``'s target) buys, moving to another step's feed at that
-    feed's next IDR.
+    feed's next IDR; not in its first :data:`STEPS_AFTER_S`, while its link's estimate
+    still climbs from its start value (every viewer would otherwise join at the lowest
+    step).
     """
 
-    def __init__(self, feed: VideoFeed, steps: StepChoice | None = None) -> None:
+    def __init__(
+        self,
+        feed: VideoFeed,
+        steps: StepChoice | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._top = self._feed = feed
         self._steps = steps
+        self._clock = clock
+        self._joined_at: float | None = None
         self.step = 0
         self._last_sent: int | None = None
         self.frames_relayed = 0
@@ -181,7 +194,10 @@ class ViewerVideo:
 
     async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
         steps = self._steps
-        if steps is not None:
+        now = self._clock()
+        if self._joined_at is None:
+            self._joined_at = now
+        if steps is not None and now - self._joined_at >= STEPS_AFTER_S:
             budget = encoder.target_bitrate
             step = steps.choose(self.step, budget)
             feed = steps.feed(step, id(self), budget)

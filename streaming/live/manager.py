@@ -140,6 +140,9 @@ class SessionManager:
             room_share=room.share,
             speaking=sum(s.app_audio.speech.speaking for s in live),
             audio_streams=sum(s.app_audio.stream_open for s in live),
+            viewers=sum(s.audience.count for s in live),
+            outputs=sum(s.outputs.count for s in live),
+            callerless=sum(not s.has_caller for s in live),
             link=c.link.plus(snapshot.link for snapshot in sessions),
         )
         return SessionsSnapshot(

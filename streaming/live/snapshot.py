@@ -162,6 +162,10 @@ class SessionTotals:
     #: Live calls whose caller is getting an app's utterance now, and open audio streams.
     speaking: int = 0
     audio_streams: int = 0
+    #: WHEP viewers and outputs of the live sessions, and sessions no caller owns (§21).
+    viewers: int = 0
+    outputs: int = 0
+    callerless: int = 0
     #: The calls' links (docs/architecture.md §19).
     link: LinkTotals = field(default_factory=LinkTotals)
 
