@@ -57,6 +57,10 @@ async def test_twenty_viewers_see_the_sessions_one_stream(tmp_path: Path) -> Non
             "demo": False,
         },
         "video": {"bitrate_kbps": 300},
+        # The viewers send no bandwidth feedback (module doc): their links' estimates stay
+        # at the start value, which would step them all down after their first 5 s. This
+        # test is about relaying the one stream; steps are tests/test_broadcast.py's.
+        "broadcast": {"rungs": False},
     }
     async with live_server(tmp_path, settings) as (_, url), ClientSession(base_url=url) as http:
         created = await http.post("/sessions", json={"avatar": "demo"})
