@@ -32,7 +32,6 @@ from streaming.exceptions import OfferError, OutputError, OutputLimitError, Sess
 from streaming.live.session import Session
 from streaming.webrtc.offer_check import OfferInfo, OfferLimits, check_offer
 from streaming.webrtc.public_address import with_public_address
-from streaming.webrtc.turn import turn_server
 from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
 from web.errors import RequestError
 from web.offer_gate import refuse_if_rate_limited
@@ -47,6 +46,7 @@ from web.schemas import (
     ViewerLeft,
 )
 from web.session_tokens import require_token
+from web.signalling import client_ice_servers
 
 SDP = "application/sdp"
 
@@ -210,17 +210,11 @@ def _state(status: OutputStatus) -> OutputState:
 def ice_server_links(request: web.Request) -> list[str]:
     """The ICE servers a viewer may use, as RFC 9725 ``Link`` header values (TURN with
     fresh credentials for this viewer)."""
-    settings = request.app[SETTINGS]
-    links = []
-    for server in settings.server.ice_servers:
-        credential = None if server.credential is None else server.credential.get_secret_value()
-        for url in server.urls:
-            links.append(_link(url, server.username, credential))
-    turn = turn_server(settings.turn)
-    if turn is not None:
-        urls, username, password = turn
-        links.extend(_link(url, username, password) for url in urls)
-    return links
+    return [
+        _link(url, server.username, server.credential)
+        for server in client_ice_servers(request.app[SETTINGS])
+        for url in server.urls
+    ]
 
 
 def _link(url: str, username: str | None, credential: str | None) -> str:

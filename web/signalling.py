@@ -19,6 +19,7 @@ import asyncio
 import numpy as np
 from aiohttp import web
 
+from config.settings import Settings
 from streaming.audio_in.push import AudioLimits, decode_pushed_audio
 from streaming.audio_in.tts import check_text
 from streaming.live.reporting import delay_budget
@@ -153,6 +154,14 @@ async def webrtc_config(request: web.Request) -> web.Response:
     and the delay the server adds, stated before a caller picks an avatar
     (``docs/architecture.md`` §8)."""
     settings = request.app[SETTINGS]
+    servers = client_ice_servers(settings)
+    config = WebRtcConfig(ice_servers=servers, delay=DelayBudget.of(delay_budget(settings)))
+    return web.json_response(config.dump())
+
+
+def client_ice_servers(settings: Settings) -> list[IceServer]:
+    """The ICE servers a client may use: the configured ones, and the TURN server with
+    fresh, short-lived credentials for this client (``/webrtc-config``, WHEP's ``Link``)."""
     servers = [
         IceServer(
             urls=list(server.urls),
@@ -162,11 +171,10 @@ async def webrtc_config(request: web.Request) -> web.Response:
         for server in settings.server.ice_servers
     ]
     turn = turn_server(settings.turn)
-    if turn is not None:  # fresh, short-lived credentials for this client
+    if turn is not None:
         urls, username, credential = turn
         servers.append(IceServer(urls=urls, username=username, credential=credential))
-    config = WebRtcConfig(ice_servers=servers, delay=DelayBudget.of(delay_budget(settings)))
-    return web.json_response(config.dump())
+    return servers
 
 
 def add_routes(app: web.Application) -> None:
