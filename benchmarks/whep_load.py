@@ -15,8 +15,12 @@ track's queue, which has no bound).
 Frames count in media time (:class:`Timeline`), so a window holds what the server sent
 in it even when this process fell behind; after it, the client reads on until caught up
 (:data:`DRAIN_S` at most). The first ``--decode`` viewers (default all) decode and digest
-each picture's luma, the others digest the frames aiortc assembled, undecoded (N 720p
-decoders would take the cores from the server). ``--no-remb``: no REMB is sent (aiortc's
+each picture's luma, the others digest the frames aiortc assembled, undecoded, and count
+their audio from the Opus packets' own durations (N 720p decoders would take the cores
+from the server): their frames go from aiortc's jitter buffer straight to the track, with
+no decoder thread and no hop between threads per frame. Every viewer's socket gets a
+receive buffer of :data:`RECEIVE_BUFFER` bytes, so that this process falling behind for a
+few seconds delays its packets instead of losing them. ``--no-remb``: no REMB is sent (aiortc's
 delay-based estimate, in one process receiving for many connections, reads its own
 scheduling delays as congestion). The last line is the result: per viewer the frames and
 audio samples in each half, its frame rate, and the digests of the frames of the
@@ -31,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import math
+import socket
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -52,9 +57,12 @@ DIGESTS_S = 2.0
 KEPT_DIGESTS = 250  # 10 s of frames: the window's last, even from a client that far behind
 LAST_S = 10.0  # the window's end, counted on its own too
 VIDEO_RATE = 90_000
+AUDIO_RATE = 48_000
 STATE_KEYS = ("state", "viewers", "frames_sent", "frames_encoded", "frames_shared")
 
-_assemble_only: set[int] = set()  # ids of the video tracks' queues not to decode into
+RECEIVE_BUFFER = 4 << 20  # bytes; the kernel caps it at net.core.rmem_max
+#: Opus frame durations in 48 kHz samples by the TOC byte's configuration (RFC 6716 §3.1).
+OPUS_FRAME_SAMPLES = (480, 960, 1920, 2880) * 3 + (480, 960) * 2 + (120, 240, 480, 960) * 4
 
 
 def _digest(data: bytes) -> str:
@@ -69,18 +77,35 @@ def luma_digest(frame: av.VideoFrame) -> str:
     return _digest(np.ascontiguousarray(luma).tobytes())
 
 
+def opus_samples(packet: bytes) -> int:
+    """The 48 kHz samples an Opus packet holds, from its TOC byte (RFC 6716 §3.1)."""
+    if not packet:
+        return 0
+    code = packet[0] & 3
+    frames = 1 if code == 0 else 2 if code < 3 else (packet[1] & 0x3F if len(packet) > 1 else 0)
+    return OPUS_FRAME_SAMPLES[packet[0] >> 3] * frames
+
+
+class Assembled:
+    """Stands in for a receiver's decoder queue: each frame aiortc's jitter buffer
+    assembles goes straight into the track's queue, undecoded, on the loop's thread."""
+
+    def __init__(self, track_queue: asyncio.Queue[Any]) -> None:
+        self.track_queue = track_queue
+
+    def put(self, job: tuple[Any, JitterFrame] | None) -> None:
+        self.track_queue.put_nowait(None if job is None else job[1])  # None: the track ends
+
+
 @contextlib.contextmanager
 def receiving(*, remb: bool) -> Iterator[None]:
-    """While open, aiortc's decoder thread of a track in ``_assemble_only`` passes each
-    assembled frame on undecoded (others decode), and without ``remb`` no REMB is sent."""
+    """While open, a receiver whose decoder queue is :class:`Assembled` starts no decoder
+    thread (others decode as usual), and without ``remb`` no REMB is sent."""
     original, estimate = rtcrtpreceiver.decoder_worker, RemoteBitrateEstimator.add
 
     def worker(loop: Any, input_q: Any, output_q: Any, decode_error: Any) -> None:
-        if id(output_q) not in _assemble_only:
-            return original(loop, input_q, output_q, decode_error)
-        while (job := input_q.get()) is not None:
-            asyncio.run_coroutine_threadsafe(output_q.put(job[1]), loop)
-        asyncio.run_coroutine_threadsafe(output_q.put(None), loop)  # the track ends
+        if not isinstance(input_q, Assembled):
+            original(loop, input_q, output_q, decode_error)
 
     rtcrtpreceiver.decoder_worker = worker
     if not remb:
@@ -90,6 +115,15 @@ def receiving(*, remb: bool) -> Iterator[None]:
     finally:
         rtcrtpreceiver.decoder_worker = original
         RemoteBitrateEstimator.add = estimate  # type: ignore[method-assign]
+
+
+def widen_receive_buffers(pc: RTCPeerConnection) -> None:
+    """Give each of ``pc``'s ICE sockets a :data:`RECEIVE_BUFFER`-byte receive buffer."""
+    for transceiver in pc.getTransceivers():
+        ice = transceiver.receiver.transport.transport
+        for protocol in ice._connection._protocols:
+            sock = protocol.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
 
 
 class Timeline:
@@ -144,11 +178,15 @@ class WhepViewer:
                 raise RuntimeError(f"WHEP offer answered {response.status}: {answer[:300]}")
             self.location = response.headers["Location"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        widen_receive_buffers(self.pc)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "video" and not self.decode:
+        if not self.decode:  # before the receiver starts (at the connection), see receiving()
             assert isinstance(track, rtcrtpreceiver.RemoteStreamTrack)
-            _assemble_only.add(id(track._queue))
+            (receiver,) = (
+                t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track
+            )
+            receiver._RTCRtpReceiver__decoder_queue = Assembled(track._queue)  # type: ignore[attr-defined]
         self._readers.append(asyncio.create_task(self._read(track)))
 
     async def _read(self, track: MediaStreamTrack) -> None:
@@ -162,8 +200,12 @@ class WhepViewer:
                 continue
             if isinstance(frame, av.VideoFrame):
                 media_s, digest = float(frame.time or 0.0), luma_digest(frame)
-            else:
+            elif track.kind == "audio":
                 assert isinstance(frame, JitterFrame)  # assembled, not decoded
+                self.audio.add(frame.timestamp / AUDIO_RATE, opus_samples(frame.data))
+                continue
+            else:
+                assert isinstance(frame, JitterFrame)
                 media_s, digest = frame.timestamp / VIDEO_RATE, _digest(frame.data)
             self.video.add(media_s)
             self.digests.append((media_s, digest))
