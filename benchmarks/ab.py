@@ -13,6 +13,8 @@ Each tree runs its own benchmark code, in a child process whose working director
 that tree (each commit named is checked out with ``git worktree`` in a temporary
 directory), so the baseline is measured exactly as it was. ``--candidate`` measures a
 commit rather than the working tree: what others edit meanwhile cannot reach the runs.
+A benchmark that is new in this tree is copied into the baseline's worktree, so the
+baseline is measured with the same instrument (it must use only what both trees have).
 ``--calls`` replaces the call counts of ``live_cpu`` and ``delay`` (module constants in
 both trees). Not a test.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,8 +83,28 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+def _core_overhead(result: dict[str, Any]) -> Metrics:
+    metrics = {}
+    for count, r in result["sessions"].items():
+        metrics[f"core CPU us per frame, {count} sessions"] = r["core_us"]
+        metrics[f"scheduler CPU us per frame (null model), {count} sessions"] = r["scheduler_us"]
+    for batch, us in result["wrapper_us"].items():
+        metrics[f"run_batch - session.run us per frame, batch {batch}"] = us
+    return metrics
+
+
+def _core_throughput(result: dict[str, Any]) -> Metrics:
+    return {
+        f"{name} served/raw, {count} sessions": r["ratio"]
+        for name, model in result["models"].items()
+        for count, r in model["sessions"].items()
+    }
+
+
 #: What is compared of each benchmark's result (what its ``run()`` returns).
 EXTRACT: dict[str, Callable[[dict[str, Any]], Metrics]] = {
+    "core_overhead": _core_overhead,
+    "core_throughput": _core_throughput,
     "live_cpu": _live_cpu,
     "delay": _delay,
     "voice_agent": _voice_agent,
@@ -101,6 +124,9 @@ with open({out!r}, "w") as f:
 
 
 def _run(tree: Path, name: str, quick: bool, calls: list[int], out: Path) -> Metrics:
+    module = tree / "benchmarks" / f"{name}.py"
+    if not module.exists():  # new in this tree: the baseline is measured with it too
+        shutil.copy(REPO / "benchmarks" / f"{name}.py", module)
     code = _CHILD.format(name=name, calls=calls, quick=quick, out=str(out))
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run(

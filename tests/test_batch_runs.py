@@ -23,6 +23,7 @@ from inference_core.adapter.serving_graph import ServingGraph
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.package import AvatarPackage
 from inference_core.serving.batch_buffers import (
+    SLABS,
     ThreadBuffers,
     bucket_for,
     bucket_sizes,
@@ -184,9 +185,11 @@ def test_buffers_and_bindings_are_reused_not_reallocated(package: AvatarPackage)
         for n in (1, 2, 3, 5, 8, 7, 4, 6, 1, 8):
             model.run_batch(_requests(loop, n, seed=n))
         assert thread_buffers().get(320, (32, 16, 16), 8, pinned=False) is buffers
-        # One binding per (buffer set, bucket) of this thread, whatever the batch sizes.
+        # One binding per (buffer set, bucket) of this thread, whatever the batch sizes: no
+        # face was kept, so every run wrote into the same output slab.
         keys = set(model._bindings)
-        assert {rows for serial, rows in keys if serial == buffers.serial} == {1, 2, 4, 8}
+        assert {rows for serial, rows, _ in keys if serial == buffers.serial} == {1, 2, 4, 8}
+        assert len({slab for serial, _, slab in keys if serial == buffers.serial}) == 1
 
         # Another thread has its own buffers (and bindings), so workers never share.
         def elsewhere() -> None:
@@ -195,7 +198,7 @@ def test_buffers_and_bindings_are_reused_not_reallocated(package: AvatarPackage)
         worker = threading.Thread(target=elsewhere)
         worker.start()
         worker.join()
-        assert len({serial for serial, _ in model._bindings}) == 2
+        assert len({serial for serial, _, _ in model._bindings}) == 2
     finally:
         loop.close()
 
@@ -212,3 +215,26 @@ def test_buffers_grow_for_a_larger_model_and_page_lock_only_with_cuda() -> None:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert not larger.pinned  # no CUDA runtime: pageable memory, no error
         assert page_lock(np.empty(16, np.uint8)) is False
+
+
+def test_faces_still_held_are_never_overwritten_by_later_batches(package: AvatarPackage) -> None:
+    """Faces are views of a reused output slab: a slab is written again only once no
+    face of it is held, so a session pasting a face never sees another batch's."""
+    loop = asyncio.new_event_loop()
+    try:
+        model = _open(package, [], pad_batches=False)
+        held = model.run_batch(_requests(loop, 3, seed=1))
+        copies = [face.copy() for face in held]
+        later = [model.run_batch(_requests(loop, 3, seed=seed)) for seed in range(2, 2 + SLABS)]
+        for face, copy in zip(held, copies, strict=True):
+            np.testing.assert_array_equal(face, copy)
+        assert len({face.base is not None and id(face.base) for face in held}) == 1
+        slabs = {id(batch[0].base) for batch in later} | {id(held[0].base)}
+        assert len(slabs) == 1 + SLABS  # each held batch kept its own slab
+        del held, later, face, copies
+        again = model.run_batch(_requests(loop, 3, seed=9))  # slabs are free again: reused
+        pool = thread_buffers()._slabs[(320, model.buckets[-1], False)]
+        assert len(pool) == SLABS
+        assert any(again[0].base is slab.faces for slab in pool)
+    finally:
+        loop.close()

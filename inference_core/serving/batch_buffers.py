@@ -10,6 +10,12 @@ runs, since the model's cost grows with every padded frame (``docs/architecture.
 of preallocated host arrays per input geometry, reused by every model of that geometry:
 a batch's frames are copied in, nothing full-size is allocated per frame. When the
 model runs on CUDA the arrays are page-locked, so their copy to the device is a DMA.
+
+**Faces.** A batch's faces are written into an output slab, and each frame's owner gets
+a view of its row. A thread keeps :data:`SLABS` slabs per geometry and reuses one once no
+view of it is left (its reference count says so: every numpy view holds its base); when
+all are still held it allocates a new one. A fresh array per batch cost a model run at
+batch 1 about 15 % more CPU on the 2-core VM (its pages are faulted in by the run).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import ctypes
 import ctypes.util
 import itertools
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -28,6 +35,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16)
+#: Output slabs a thread keeps per geometry: batches whose faces are still being pasted.
+SLABS = 4
 _serials = itertools.count(1)
 
 
@@ -64,11 +73,46 @@ class InputBuffers:
         return int(self.crops.shape[0])
 
 
+def _first_refs(slabs: list[np.ndarray]) -> int:
+    for slab in slabs:
+        return sys.getrefcount(slab)
+    return 0
+
+
+#: The reference count :meth:`ThreadBuffers.faces` sees for a slab nobody else holds
+#: (the pool's list, the loop's name, the call's argument), measured the same way.
+_IDLE_REFS = _first_refs([np.empty(1)])
+
+
+@dataclass(eq=False)
+class FaceSlab:
+    """An output array a batch's faces are written into; ``serial`` as for inputs."""
+
+    faces: np.ndarray  # uint8 [capacity, S, S, 3]
+    serial: int = field(default_factory=lambda: next(_serials))
+
+
 class ThreadBuffers:
-    """The calling thread's :class:`InputBuffers`, one set per geometry and memory kind."""
+    """The calling thread's :class:`InputBuffers`, one set per geometry and memory kind,
+    and its :class:`FaceSlab` pool."""
 
     def __init__(self) -> None:
         self._sets: dict[tuple[int, tuple[int, ...], bool], InputBuffers] = {}
+        self._slabs: dict[tuple[int, int, bool], list[FaceSlab]] = {}
+
+    def faces(self, input_size: int, capacity: int, *, pinned: bool) -> FaceSlab:
+        """A slab of ``capacity`` faces that no view of an earlier batch refers to; a kept
+        one is page-locked when ``pinned`` (the copy back from a GPU is then a DMA)."""
+        slabs = self._slabs.setdefault((input_size, capacity, pinned), [])
+        for slab in slabs:
+            if _first_refs([slab.faces]) <= _IDLE_REFS + 1:  # + the slab's own field
+                return slab
+        fresh = FaceSlab(np.empty((capacity, input_size, input_size, 3), dtype=np.uint8))
+        if len(slabs) < SLABS:
+            slabs.append(fresh)
+            if pinned:
+                page_lock(fresh.faces)
+        return fresh
 
     def get(
         self, input_size: int, audio_shape: tuple[int, ...], capacity: int, *, pinned: bool

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class FrameRequest:
     """A frame for ``model_id``.
 
     ``visual`` is uint8 ``[6,S,S]`` (a session frame) or float32 ``[6,S,S]`` already
     scaled (raw API). ``raw`` asks for the float32 ``[3,S,S]`` model output instead of a
     uint8 BGR ``[S,S,3]`` face. ``deadline`` is on the ``time.monotonic()`` clock: a
-    request still queued past it is dropped, never computed late.
+    request still queued past it is dropped, never computed late. Its shapes were checked
+    when it was submitted (:meth:`~inference_core.serving.handle.ModelHandle.submit`), so
+    a worker copies it into the batch without looking again.
     """
 
     model_id: str
@@ -36,7 +37,6 @@ class FrameRequest:
     loop: asyncio.AbstractEventLoop
     session_id: str | None = None
     raw: bool = False
-    enqueued_at: float = field(default_factory=time.monotonic)
 
     def resolve(self, value: np.ndarray) -> None:
         """Complete the future with ``value`` (thread-safe; ignored if already done)."""

@@ -62,12 +62,14 @@ class ModelHandle:
     ) -> asyncio.Future[np.ndarray]:
         """Queue one frame; the future gets a uint8 BGR face (or float32 ``[3,S,S]`` if raw).
 
-        Never blocks: a full queue raises ``QueueFullError`` at once. ``deadline`` is on
+        Never blocks: a full queue raises ``QueueFullError`` at once, a frame of the wrong
+        shape or type ``ModelInputError`` (it joins no batch). ``deadline`` is on
         the ``time.monotonic()`` clock; a frame not started by then fails with
         ``DeadlineExceededError``.
         """
         if self._closed:
             raise ShuttingDownError(f"handle on model {self.model_id!r} was closed")
+        self._model.check_frame(visual, audio, raw=raw)
         loop = asyncio.get_running_loop()
         request = FrameRequest(
             model_id=self.model_id,

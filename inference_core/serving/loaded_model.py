@@ -35,7 +35,12 @@ from inference_core.adapter.serving_graph import (
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.avatars.package import AvatarPackage
 from inference_core.exceptions import ModelInputError, ModelLoadError, ModelOutOfMemoryError
-from inference_core.serving.batch_buffers import bucket_for, bucket_sizes, thread_buffers
+from inference_core.serving.batch_buffers import (
+    InputBuffers,
+    bucket_for,
+    bucket_sizes,
+    thread_buffers,
+)
 from inference_core.serving.devices import Device
 from inference_core.serving.frame_request import FrameRequest
 
@@ -108,7 +113,7 @@ class LoadedModel:
         self._no_scaled = np.zeros((0, *self._spec.visual_shape), dtype=np.float32)
         # (input buffer set, batch rows) -> the IOBinding made for it; each buffer set
         # belongs to one thread, so an entry is only ever used by one thread at a time.
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
         self._clock = clock
         self.memory_bytes = memory_bytes
         self.load_seconds = load_seconds
@@ -231,14 +236,14 @@ class LoadedModel:
         """Run ``requests`` (see :class:`ModelRunner`); thread-safe.
 
         A request with uint8 ``[S,S,3]`` visual input gets a uint8 BGR face ``[S,S,3]``;
-        a raw one (float32 ``[6,S,S]``, already scaled) the float32 ``[3,S,S]`` output.
+        a raw one (float32 ``[6,S,S]``, already scaled) the float32 ``[3,S,S]`` output
+        (shapes as :meth:`check_frame` accepts them: the handle checked each frame).
         More requests than ``max_batch_size`` run as several batches.
         """
         if not requests:
             return []
         started = time.perf_counter()
         try:
-            self._check(requests)
             results: list[np.ndarray | None] = [None] * len(requests)
             # Faces first, raw requests after: the serving graph's batch order.
             order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
@@ -286,24 +291,24 @@ class LoadedModel:
             )
         return adapter
 
-    def _check(self, requests: Sequence[FrameRequest]) -> None:
+    def check_frame(self, visual: np.ndarray, audio: np.ndarray, *, raw: bool) -> None:
+        """Raise :class:`ModelInputError` unless one frame fits this model: a uint8
+        ``[S,S,3]`` region (float32 ``[6,S,S]`` if ``raw``) and an audio window of the
+        spec's shape. Checked once per frame when it is submitted, so that a malformed
+        frame is refused to its sender alone, not failed with the batch it would join."""
         spec = self._spec
-        for request in requests:
-            v = request.visual
-            want = (
-                (np.float32, spec.visual_shape) if request.raw else (np.uint8, self._region_shape)
+        dtype, shape = (np.float32, spec.visual_shape) if raw else (np.uint8, self._region_shape)
+        if visual.dtype != dtype or visual.shape != shape:
+            kind = "raw visual input" if raw else "visual input (the model region)"
+            raise ModelInputError(
+                f"model {self._model_id!r}: {kind} must be {np.dtype(dtype).name} "
+                f"{list(shape)}, got {visual.dtype} {list(visual.shape)}"
             )
-            if v.dtype != want[0] or v.shape != want[1]:
-                kind = "raw visual input" if request.raw else "visual input (the model region)"
-                raise ModelInputError(
-                    f"model {self._model_id!r}: {kind} must be {np.dtype(want[0]).name} "
-                    f"{list(want[1])}, got {v.dtype} {list(v.shape)}"
-                )
-            if request.audio.shape != spec.audio_shape:
-                raise ModelInputError(
-                    f"model {self._model_id!r}: audio input must be {list(spec.audio_shape)}, "
-                    f"got {list(request.audio.shape)}"
-                )
+        if audio.shape != spec.audio_shape:
+            raise ModelInputError(
+                f"model {self._model_id!r}: audio input must be {list(spec.audio_shape)}, "
+                f"got {list(audio.shape)}"
+            )
 
     def _run_chunk(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
         """One model run: faces' frames first, raw frames last, padded if configured."""
@@ -316,34 +321,58 @@ class LoadedModel:
         buffers = thread_buffers().get(
             spec.input_size, spec.audio_shape, self.buckets[-1], pinned=self.device.kind == "cuda"
         )
+        crops, audio = buffers.crops, buffers.audio
         for j in range(live):
-            buffers.crops[j] = requests[j].visual
-            buffers.audio[j] = requests[j].audio
+            request = requests[j]
+            crops[j] = request.visual
+            audio[j] = request.audio
         for k in range(raw_count):
-            buffers.audio[crop_rows + k] = requests[live + k].audio
-        scaled = np.stack([r.visual for r in requests[live:]]) if raw_count else self._no_scaled
-        key = (buffers.serial, rows)
-        io = self._bindings.get(key)
-        if io is None:
-            io = self._bindings[key] = adapter.session.io_binding()
-        # Inputs are bound again every run: on CUDA binding is the copy to the device.
-        io.bind_cpu_input(CROPS, buffers.crops[:crop_rows])
-        io.bind_cpu_input(SCALED, scaled)
-        io.bind_cpu_input(AUDIO, buffers.audio[:rows])
-        s = spec.input_size
-        faces = np.empty((rows, s, s, 3), dtype=np.uint8)
-        io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
-        raw = None
+            audio[crop_rows + k] = requests[live + k].audio
         if raw_count:
-            raw = np.empty((rows, *spec.output_shape), dtype=np.float32)
-            io.bind_output(RAW, "cpu", 0, np.float32, list(raw.shape), raw.ctypes.data)
+            return self._run_mixed(adapter, requests, live, buffers, rows)
+        slab = thread_buffers().faces(spec.input_size, self.buckets[-1], pinned=buffers.pinned)
+        faces = slab.faces[:rows]
+        key = (buffers.serial, rows, slab.serial)
+        io = self._bindings.get(key)
+        on_host = self.device.kind == "cpu"
+        if io is None:
+            # The buffers and the slab stay where they are: bound once, used every run.
+            io = self._bindings[key] = adapter.session.io_binding()
+            io.bind_cpu_input(SCALED, self._no_scaled)
+            io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
+            if on_host:
+                io.bind_cpu_input(CROPS, crops[:rows])
+                io.bind_cpu_input(AUDIO, audio[:rows])
+        if not on_host:  # on a GPU binding an input is its copy to the device: every run
+            io.bind_cpu_input(CROPS, crops[:rows])
+            io.bind_cpu_input(AUDIO, audio[:rows])
         adapter.session.run_with_iobinding(io)
-        if raw is not None:
-            io.clear_binding_outputs()  # the next run binds its own arrays
-        outputs: list[np.ndarray] = [faces[j] for j in range(live)]
-        if raw is not None:
-            outputs += [raw[crop_rows + k] for k in range(raw_count)]
-        return outputs
+        return list(faces[:live])
+
+    def _run_mixed(
+        self,
+        adapter: LipSyncAdapter,
+        requests: Sequence[FrameRequest],
+        live: int,
+        buffers: InputBuffers,
+        rows: int,
+    ) -> list[np.ndarray]:
+        """A run with raw API frames (those after the first ``live``): their scaled inputs
+        and float outputs are this run's own arrays, bound for this run only."""
+        spec = self._spec
+        raws = requests[live:]
+        crop_rows = rows - len(raws)  # padding sits after the faces' frames
+        s = spec.input_size
+        io = adapter.session.io_binding()
+        io.bind_cpu_input(CROPS, buffers.crops[:crop_rows])
+        io.bind_cpu_input(SCALED, np.stack([r.visual for r in raws]))
+        io.bind_cpu_input(AUDIO, buffers.audio[:rows])
+        faces = np.empty((rows, s, s, 3), dtype=np.uint8)
+        raw = np.empty((rows, *spec.output_shape), dtype=np.float32)
+        io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
+        io.bind_output(RAW, "cpu", 0, np.float32, list(raw.shape), raw.ctypes.data)
+        adapter.session.run_with_iobinding(io)
+        return [*faces[:live], *raw[crop_rows:]]
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,9 @@ class DeviceScheduler:
                 self._unseen = True
                 self._stats.submitted += 1
                 # One waiter is enough: whoever takes a batch wakes the next if work is left.
-                self._cond.notify()
+                # A worker that is not asleep looks at every queue before it sleeps again.
+                if self._asleep:
+                    self._cond.notify()
                 return
         request.fail(_expired_error(model_id, late))
 
