@@ -89,7 +89,7 @@ def _core_overhead(result: dict[str, Any]) -> Metrics:
         metrics[f"core CPU us per frame, {count} sessions"] = r["core_us"]
         metrics[f"scheduler CPU us per frame (null model), {count} sessions"] = r["scheduler_us"]
     for batch, us in result["wrapper_us"].items():
-        metrics[f"run_batch - session.run us per frame, batch {batch}"] = us
+        metrics[f"run_batch outside the model, us per frame, batch {batch}"] = us
     return metrics
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.run [--quick] [--json out.json [--plots]] [--only NAME ...]
 
-Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput,
+Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput, core_overhead,
 protocols, frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
 margin, cluster, voice_agent, conversation, avatar_switch, gpu (CUDA only: elsewhere it says why it
 measured nothing).
@@ -29,6 +29,7 @@ from benchmarks.plots import PlotsUnavailableError, write_plots
 
 BENCHMARKS = (
     "core_throughput",
+    "core_overhead",
     "protocols",
     "frame_costs",
     "delay",
