@@ -20,7 +20,7 @@ nvidia-smi -L | tee "$out/gpus.txt"
 # run, and the script exits with the first failure's status.
 status=0
 "$py" -m pytest -q -rs tests/test_gpu.py tests/test_batch_runs.py tests/test_serving_graph.py 2>&1 | tee "$out/gpu-tests.log" || status=$?
-if ! "$py" -m benchmarks.run --only gpu core_throughput --json "$out/gpu-benchmarks.json" 2>&1 | tee "$out/gpu-benchmarks.log"; then
+if ! "$py" -m benchmarks.run --only gpu core_throughput core_overhead --json "$out/gpu-benchmarks.json" 2>&1 | tee "$out/gpu-benchmarks.log"; then
     [ "$status" -ne 0 ] || status=1
 fi
 exit "$status"
