@@ -48,18 +48,16 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper
 from onnxruntime.capi.onnxruntime_inference_collection import Session as OrtSession
 
 from benchmarks.common import Result, Target, print_table, print_targets
+from benchmarks.core_throughput import RawRunner
 from config.settings import Settings
-from inference_core.adapter.serving_graph import AUDIO, CROPS, FACES, SCALED, load_serving_graph
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.locator import AvatarLocator
 from inference_core.serving.core import InferenceCore
-from inference_core.serving.devices import detect_devices, session_config
 from inference_core.serving.frame_request import FrameRequest
 from inference_core.serving.handle import ModelHandle
 from inference_core.serving.scheduler import DeviceScheduler
@@ -69,6 +67,7 @@ SESSION_COUNTS = (1, 8, 32)
 IN_FLIGHT = 2  # frames each session keeps queued, as a live session does
 BATCH = 8
 TARGET_US = 10.0
+RAW_SECONDS = 1.5  # each raw segment
 SIZE = AdapterSpec().input_size
 AUDIO_SHAPE = AdapterSpec().audio_shape
 
@@ -207,31 +206,6 @@ class ModelClock:
             OrtSession.run_with_iobinding = original
 
 
-class Raw:
-    """The identity model's serving graph in a plain session, with device 0's options."""
-
-    def __init__(self, model: Path, settings: Settings) -> None:
-        device = detect_devices(settings.devices)[0]
-        providers, options = session_config(device, settings.devices)
-        graph = load_serving_graph(model, AdapterSpec())
-        self.session = ort.InferenceSession(graph.serialized(), options, providers=providers)
-        self.visual, self.audio = _frame()
-
-    def fps(self, batch: int, frames: int) -> float:
-        """Frames/s of back-to-back ``session.run`` at ``batch`` (its inputs ready)."""
-        feeds = {
-            CROPS: np.stack([self.visual] * batch),
-            SCALED: np.zeros((0, 6, SIZE, SIZE), dtype=np.float32),
-            AUDIO: np.stack([self.audio] * batch),
-        }
-        self.session.run([FACES], feeds)
-        runs = max(1, frames // batch)
-        start = time.perf_counter()
-        for _ in range(runs):
-            self.session.run([FACES], feeds)
-        return runs * batch / (time.perf_counter() - start)
-
-
 def wrapper_cost(core: InferenceCore, clock: ModelClock, batch: int, frames: int) -> float:
     """CPU µs per frame that ``LoadedModel.run_batch`` spends outside the model's run."""
     model = core.registry.entry("bench").model
@@ -271,6 +245,14 @@ async def served_cost(
     return (cpu_us() - start - (clock.us - inside)) / done, done / elapsed, done
 
 
+async def _raw_fps(raw: RawRunner, batch: int) -> float:
+    """Frames/s of back-to-back ``session.run`` at ``batch`` (inputs ready in one array)."""
+    frames, seconds = await asyncio.get_running_loop().run_in_executor(
+        None, raw.frames_in, batch, RAW_SECONDS
+    )
+    return frames / seconds
+
+
 def _mean_batch(core: InferenceCore, before: SchedulerStats, frames: int) -> float:
     """Frames per batch the core ran since ``before`` (``frames`` of them)."""
     batches = core.schedulers[0].stats().batches - before.batches
@@ -287,7 +269,7 @@ async def measure(root: Path, *, rounds: int, frames: int) -> Result:
             "batching": {"max_batch_size": BATCH, "max_wait_ms": 5, "queue_size": 4096},
         }
     )
-    raw = Raw(model, settings)
+    raw = RawRunner(model, settings)
     core = InferenceCore(settings, AvatarLocator(root))
     await core.start()
     loop = asyncio.get_running_loop()
@@ -314,10 +296,9 @@ async def measure(root: Path, *, rounds: int, frames: int) -> Result:
 
 
 async def _at(
-    core: InferenceCore, raw: Raw, clock: ModelClock, count: int, *, rounds: int, frames: int
+    core: InferenceCore, raw: RawRunner, clock: ModelClock, count: int, *, rounds: int, frames: int
 ) -> Result:
     """The scheduler alone, then served and raw in alternating rounds, at ``count`` sessions."""
-    loop = asyncio.get_running_loop()
     scheduler_us = await scheduler_cost(count, frames, rounds)
     handles = [await core.open("bench") for _ in range(count)]
     before = core.schedulers[0].stats()
@@ -326,12 +307,12 @@ async def _at(
     costs, ratios, batches = [], [], []
     for i in range(rounds):
         if i % 2:  # alternate which side goes first
-            raw_fps = await loop.run_in_executor(None, raw.fps, round(formed), frames // 4)
+            raw_fps = await _raw_fps(raw, round(formed))
         before = core.schedulers[0].stats()
         served_us, served_fps, done = await served_cost(handles, clock, frames // 4)
         formed = _mean_batch(core, before, done)
         if not i % 2:
-            raw_fps = await loop.run_in_executor(None, raw.fps, round(formed), frames // 4)
+            raw_fps = await _raw_fps(raw, round(formed))
         costs.append(served_us)
         ratios.append(served_fps / raw_fps)
         batches.append(formed)

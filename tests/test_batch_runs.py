@@ -231,6 +231,8 @@ def test_faces_still_held_are_never_overwritten_by_later_batches(package: Avatar
         assert len({face.base is not None and id(face.base) for face in held}) == 1
         slabs = {id(batch[0].base) for batch in later} | {id(held[0].base)}
         assert len(slabs) == 1 + SLABS  # each held batch kept its own slab
+        # The one-off slab (every kept one was held) left no binding behind.
+        assert len({slab for _, _, slab in model._bindings}) == SLABS
         del held, later, face, copies
         again = model.run_batch(_requests(loop, 3, seed=9))  # slabs are free again: reused
         pool = thread_buffers()._slabs[(320, model.buckets[-1], False)]

@@ -89,6 +89,7 @@ class FaceSlab:
     """An output array a batch's faces are written into; ``serial`` as for inputs."""
 
     faces: np.ndarray  # uint8 [capacity, S, S, 3]
+    pooled: bool = True  # False: a one-off, used while every kept slab is still held
     serial: int = field(default_factory=lambda: next(_serials))
 
 
@@ -107,12 +108,14 @@ class ThreadBuffers:
         for slab in slabs:
             if _first_refs([slab.faces]) <= _IDLE_REFS + 1:  # + the slab's own field
                 return slab
-        fresh = FaceSlab(np.empty((capacity, input_size, input_size, 3), dtype=np.uint8))
-        if len(slabs) < SLABS:
-            slabs.append(fresh)
-            if pinned:
-                page_lock(fresh.faces)
-        return fresh
+        faces = np.empty((capacity, input_size, input_size, 3), dtype=np.uint8)
+        if len(slabs) >= SLABS:
+            return FaceSlab(faces, pooled=False)
+        slab = FaceSlab(faces)
+        slabs.append(slab)
+        if pinned:
+            page_lock(faces)
+        return slab
 
     def get(
         self, input_size: int, audio_shape: tuple[int, ...], capacity: int, *, pinned: bool

@@ -333,11 +333,14 @@ class LoadedModel:
         slab = thread_buffers().faces(spec.input_size, self.buckets[-1], pinned=buffers.pinned)
         faces = slab.faces[:rows]
         key = (buffers.serial, rows, slab.serial)
-        io = self._bindings.get(key)
+        io = self._bindings.get(key) if slab.pooled else None
         on_host = self.device.kind == "cpu"
         if io is None:
-            # The buffers and the slab stay where they are: bound once, used every run.
-            io = self._bindings[key] = adapter.session.io_binding()
+            # The buffers and a kept slab stay where they are: bound once, used every run
+            # (a one-off slab's binding goes with it, so the table stays bounded).
+            io = adapter.session.io_binding()
+            if slab.pooled:
+                self._bindings[key] = io
             io.bind_cpu_input(SCALED, self._no_scaled)
             io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
             if on_host:
