@@ -2,14 +2,21 @@
 
 A :class:`FrameRequest` is created on the event loop, queued on a device, batched with
 other requests for the same model (from any session) and completed from a worker
-thread through ``loop.call_soon_threadsafe``: its future gets the output array or an
+thread: its future gets the output array or an
 :class:`~inference_core.exceptions.InferenceError`.
+
+Completions reach a loop through its outbox: a worker appends them and schedules one
+``loop.call_soon_threadsafe`` to drain it, unless one is already waiting to run. Each such
+call wakes the loop through its self-pipe (a system call on both sides), so a batch costs
+the loop one wake-up, and batches (or expired frames) completing while the loop is busy
+cost none more (``docs/architecture.md`` §4).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,9 +54,7 @@ class FrameRequest:
         self._complete(None, error)
 
     def _complete(self, value: np.ndarray | None, error: BaseException | None) -> None:
-        # A closed loop raises RuntimeError: nobody is waiting for the result any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._deliver, value, error)
+        _outbox(self.loop).post(self.loop, [(self, value, error)])
 
     def _deliver(self, value: np.ndarray | None, error: BaseException | None) -> None:
         """On the request's loop: set the future, unless its owner cancelled it meanwhile."""
@@ -62,28 +67,90 @@ class FrameRequest:
             self.future.set_result(value)
 
 
+#: One completion: the request, its output or None, the error or None.
+Delivery = tuple[FrameRequest, np.ndarray | None, BaseException | None]
+
+
 def complete_batch(
     requests: Sequence[FrameRequest],
     outputs: Sequence[np.ndarray] | None,
     error: BaseException | None = None,
 ) -> None:
-    """Complete a batch's requests (thread-safe): ``outputs`` in order, or all with ``error``.
+    """Complete a batch's requests (thread-safe): ``outputs`` in order, or all with ``error``."""
+    if outputs is None:
+        deliver([(request, None, error) for request in requests])
+    else:
+        pairs = zip(requests, outputs, strict=True)
+        deliver([(request, output, None) for request, output in pairs])
 
-    One hand-off per event loop, not one per frame: each ``call_soon_threadsafe`` wakes
-    the loop through its self-pipe, and a batch's frames usually share one loop.
+
+def deliver(items: Sequence[Delivery]) -> None:
+    """Hand ``(request, value, error)`` triples to their loops (thread-safe), in order.
+
+    Through each loop's :class:`_Outbox`: one wake-up per loop for the batch, and none
+    at all while an earlier hand-off to that loop is still waiting to run (a busy loop
+    takes every completion queued meanwhile in one go).
     """
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[FrameRequest, np.ndarray | None]]] = {}
-    for i, request in enumerate(requests):
-        value = None if outputs is None else outputs[i]
-        by_loop.setdefault(request.loop, []).append((request, value))
-    for loop, items in by_loop.items():
+    if not items:
+        return
+    first = items[0][0].loop
+    if all(item[0].loop is first for item in items):
+        _outbox(first).post(first, items)
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, list[Delivery]] = {}
+    for item in items:
+        by_loop.setdefault(item[0].loop, []).append(item)
+    for loop, mine in by_loop.items():
+        _outbox(loop).post(loop, mine)
 
-        def deliver(items: list[tuple[FrameRequest, np.ndarray | None]] = items) -> None:
-            for request, value in items:
-                request._deliver(value, error)
 
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-            loop.call_soon_threadsafe(deliver)
+class _Outbox:
+    """Completions waiting for one event loop, and whether a hand-off to drain them is
+    already scheduled there (then posting more costs no wake-up of the loop)."""
+
+    __slots__ = ("_items", "_lock", "_scheduled")
+
+    def __init__(self) -> None:
+        # No reference to the loop: it keys this outbox in a weak mapping.
+        self._lock = threading.Lock()
+        self._items: list[Delivery] = []
+        self._scheduled = False
+
+    def post(self, loop: asyncio.AbstractEventLoop, items: Sequence[Delivery]) -> None:
+        with self._lock:
+            self._items.extend(items)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # a closed loop: nobody is waiting for these any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for request, value, error in items:
+            request._deliver(value, error)
+
+
+_outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = (
+    weakref.WeakKeyDictionary()
+)
+_outboxes_lock = threading.Lock()
+
+
+def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
+    found = _outboxes.get(loop)
+    if found is None:
+        with _outboxes_lock:
+            found = _outboxes.get(loop)
+            if found is None:
+                found = _outboxes[loop] = _Outbox()
+    return found
 
 
 class ModelRunner(Protocol):

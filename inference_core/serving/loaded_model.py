@@ -46,6 +46,11 @@ from inference_core.serving.frame_request import FrameRequest
 
 logger = logging.getLogger(__name__)
 
+# dtype instances, not the scalar types: comparing an array's dtype with a type converts
+# the type on every call, and every frame submitted is checked.
+_UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
+
 #: Texts onnxruntime (and CUDA under it) use when a device runs out of memory.
 OUT_OF_MEMORY_MARKERS = ("out of memory", "failed to allocate", "cuda failure 2")
 
@@ -244,15 +249,10 @@ class LoadedModel:
             return []
         started = time.perf_counter()
         try:
-            results: list[np.ndarray | None] = [None] * len(requests)
-            # Faces first, raw requests after: the serving graph's batch order.
-            order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
-            step = self._max_batch_size
-            for start in range(0, len(order), step):
-                chunk = order[start : start + step]
-                outputs = self._run_chunk([requests[i] for i in chunk])
-                for i, output in zip(chunk, outputs, strict=True):
-                    results[i] = output
+            if len(requests) <= self._max_batch_size and not any(r.raw for r in requests):
+                results: list[np.ndarray] = self._run_chunk(requests)  # a live batch: one run
+            else:
+                results = self._run_chunks(requests)
         except BaseException:
             with self._lock:
                 self._failures += 1
@@ -262,6 +262,19 @@ class LoadedModel:
             self._frames += len(requests)
             self._batches += 1
             self._inference_seconds += elapsed
+        return results
+
+    def _run_chunks(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
+        """Requests in runs of ``max_batch_size``, faces' frames first, raw ones after
+        (the serving graph's batch order); outputs in the requests' order."""
+        results: list[np.ndarray | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
+        step = self._max_batch_size
+        for start in range(0, len(order), step):
+            chunk = order[start : start + step]
+            outputs = self._run_chunk([requests[i] for i in chunk])
+            for i, output in zip(chunk, outputs, strict=True):
+                results[i] = output
         return results  # type: ignore[return-value]  # every slot was filled
 
     def warm_up(self) -> None:
@@ -297,7 +310,7 @@ class LoadedModel:
         spec's shape. Checked once per frame when it is submitted, so that a malformed
         frame is refused to its sender alone, not failed with the batch it would join."""
         spec = self._spec
-        dtype, shape = (np.float32, spec.visual_shape) if raw else (np.uint8, self._region_shape)
+        dtype, shape = (_FLOAT32, spec.visual_shape) if raw else (_UINT8, self._region_shape)
         if visual.dtype != dtype or visual.shape != shape:
             kind = "raw visual input" if raw else "visual input (the model region)"
             raise ModelInputError(
@@ -318,7 +331,8 @@ class LoadedModel:
         live = len(requests) - raw_count
         rows = bucket_for(len(requests), self.buckets) if self.pad_batches else len(requests)
         crop_rows = rows - raw_count  # padding sits after the faces' frames
-        buffers = thread_buffers().get(
+        local = thread_buffers()
+        buffers = local.get(
             spec.input_size, spec.audio_shape, self.buckets[-1], pinned=self.device.kind == "cuda"
         )
         crops, audio = buffers.crops, buffers.audio
@@ -330,7 +344,7 @@ class LoadedModel:
             audio[crop_rows + k] = requests[live + k].audio
         if raw_count:
             return self._run_mixed(adapter, requests, live, buffers, rows)
-        slab = thread_buffers().faces(spec.input_size, self.buckets[-1], pinned=buffers.pinned)
+        slab = local.faces(spec.input_size, self.buckets[-1], pinned=buffers.pinned)
         faces = slab.faces[:rows]
         key = (buffers.serial, rows, slab.serial)
         io = self._bindings.get(key) if slab.pooled else None

@@ -54,7 +54,12 @@ from inference_core.exceptions import (
 )
 from inference_core.serving.arrivals import STALE_S, Arrivals
 from inference_core.serving.events import CoreEvents, NoCoreEvents
-from inference_core.serving.frame_request import FrameRequest, ModelRunner, complete_batch
+from inference_core.serving.frame_request import (
+    FrameRequest,
+    ModelRunner,
+    complete_batch,
+    deliver,
+)
 from inference_core.serving.scheduler_stats import SchedulerStats, StatsRecorder
 
 logger = logging.getLogger(__name__)
@@ -219,8 +224,8 @@ class DeviceScheduler:
             threads = [worker.thread for worker in self._workers] + self._retired
         if leftovers:
             logger.info("device %s stopping: %d pending frames not run", self.name, len(leftovers))
-        for request in leftovers:
-            request.fail(ShuttingDownError(f"device {self.name} is shutting down; frame not run"))
+        closing = ShuttingDownError(f"device {self.name} is shutting down; frame not run")
+        deliver([(request, None, closing) for request in leftovers])
         until = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in threads:
@@ -299,13 +304,10 @@ class DeviceScheduler:
             requests = [entry[3] for entry in queue.heap]
             self._pending -= len(requests)
             self._stats.dropped += len(requests)
-        for request in requests:
-            request.fail(
-                error
-                or InferenceError(
-                    f"model {model_id} was unloaded from device {self.name}; frame not run"
-                )
-            )
+        error = error or InferenceError(
+            f"model {model_id} was unloaded from device {self.name}; frame not run"
+        )
+        deliver([(request, None, error) for request in requests])
         logger.info(
             "device %s: dropped %d pending frames of %s", self.name, len(requests), model_id
         )
@@ -376,8 +378,7 @@ class DeviceScheduler:
                     job = self._next_job()
                 if job is None:
                     return
-                for request, late in job.expired:
-                    request.fail(_expired_error(request.model_id, late))
+                _fail_expired(job.expired)
                 if job.runner is not None and job.batch:
                     self._run(index, job)
                 job = None
@@ -434,10 +435,9 @@ class DeviceScheduler:
         error.__cause__ = exc
         # fail() is ignored for futures already completed, so a batch that had partly
         # delivered (or expired frames already failed) is safe to fail again.
-        for request in batch:
-            request.fail(error)
-        for request, late in job.expired if job is not None else []:
-            request.fail(_expired_error(request.model_id, late))
+        deliver([(request, None, error) for request in batch])
+        if job is not None:
+            _fail_expired(job.expired)
 
     def _next_job(self) -> _Job | None:
         """Wait for a ready batch (or expired frames to fail); ``None`` once stopping.
@@ -551,6 +551,13 @@ class DeviceScheduler:
             job.counted = True
         complete_batch(batch, None if error is not None else outputs, error)
         self.events.batch_done(self.name, len(batch), waits, busy)
+
+
+def _fail_expired(expired: list[tuple[FrameRequest, float]]) -> None:
+    """Fail frames that missed their deadline (with how late each was): one hand-off per
+    loop for all of them, so an overload that expires many frames at once does not
+    wake the loops once per frame."""
+    deliver([(request, None, _expired_error(request.model_id, late)) for request, late in expired])
 
 
 def _expired_error(model_id: str, late_seconds: float) -> DeadlineExceededError:
