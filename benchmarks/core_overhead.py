@@ -16,7 +16,11 @@ frames. Three figures, at 1, 8 and 32 sessions each keeping two frames in flight
    :class:`~inference_core.serving.frame_request.FrameRequest`, its deadline and session)
    to a :class:`~inference_core.serving.scheduler.DeviceScheduler` whose runner does no
    work (:class:`NullRunner`): queueing, batching, the worker hand-off, completion and
-   each session's wake-up.
+   each session's wake-up. Then the same beside a runner that streams
+   :data:`TRAFFIC_MB` MB through memory per batch and nothing else (its own CPU time not
+   counted): on a CPU device the model's activations evict the core's code and data
+   from the caches between batches, so the same Python costs more there than beside a
+   model that runs on a GPU.
 2. **Whole core**: the identity model through registry → device scheduler → worker →
    batch → split, outside the model's run: the above plus gathering the frames into the
    batch buffers, binding, handing out the outputs. Beside it the frames/s of the served
@@ -67,6 +71,9 @@ SESSION_COUNTS = (1, 8, 32)
 IN_FLIGHT = 2  # frames each session keeps queued, as a live session does
 BATCH = 8
 TARGET_US = 10.0
+#: Memory a batch of the identity model streams through on the CPU, about: its serving
+#: graph's activations at batch 8 (the uint8 regions as float32 planes, six channels).
+TRAFFIC_MB = 8
 RAW_SECONDS = 1.5  # each raw segment
 SIZE = AdapterSpec().input_size
 AUDIO_SHAPE = AdapterSpec().audio_shape
@@ -104,15 +111,28 @@ def cpu_us() -> float:
 
 
 class NullRunner:
-    """A model that does no work: each frame's output is a view of one array."""
+    """A model that does no work: each frame's output is a view of one array.
+
+    With ``traffic_mb`` each batch streams that many MB through memory first (half read,
+    half written; numpy lets go of the GIL), as a model on the CPU does with its
+    activations; the CPU time of that is kept in ``traffic_us``, apart from the core's.
+    """
 
     model_id = "null"
     max_batch_size = BATCH
 
-    def __init__(self) -> None:
+    def __init__(self, traffic_mb: int = 0) -> None:
         self._faces = np.zeros((BATCH, SIZE, SIZE, 3), dtype=np.uint8)
+        half = traffic_mb * 2**20 // 8
+        self._source = np.ones(half, dtype=np.float32)
+        self._target = np.empty_like(self._source)
+        self.traffic_us = 0.0
 
     def run_batch(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
+        if self._source.size:
+            start = time.thread_time()
+            np.multiply(self._source, 1.5, out=self._target)
+            self.traffic_us += (time.thread_time() - start) * 1e6
         return list(self._faces[: len(requests)])
 
 
@@ -143,13 +163,14 @@ async def _sessions(submit_one: object, sessions: int, frames: int) -> int:
     return done
 
 
-async def scheduler_cost(sessions: int, frames: int, rounds: int) -> float:
-    """CPU µs per frame of the scheduler path with :class:`NullRunner` (median round)."""
+async def scheduler_cost(sessions: int, frames: int, rounds: int, *, traffic_mb: int = 0) -> float:
+    """CPU µs per frame of the scheduler path with :class:`NullRunner` (median round),
+    its memory traffic (``traffic_mb`` per batch) not counted."""
     scheduler = DeviceScheduler(
         "overhead", workers=1, queue_size=4096, max_batch_size=BATCH, max_wait_ms=5
     )
     scheduler.start()
-    runner, (visual, audio) = NullRunner(), _frame()
+    runner, (visual, audio) = NullRunner(traffic_mb), _frame()
     loop = asyncio.get_running_loop()
 
     def submit_one(index: int) -> asyncio.Future[np.ndarray]:
@@ -169,9 +190,9 @@ async def scheduler_cost(sessions: int, frames: int, rounds: int) -> float:
         await _sessions(submit_one, sessions, frames // 4)  # warm
         costs = []
         for _ in range(rounds):
-            start = cpu_us()
+            start, traffic = cpu_us(), runner.traffic_us
             done = await _sessions(submit_one, sessions, frames)
-            costs.append((cpu_us() - start) / done)
+            costs.append((cpu_us() - start - (runner.traffic_us - traffic)) / done)
     finally:
         await loop.run_in_executor(None, scheduler.stop)
     return statistics.median(costs)
@@ -300,6 +321,7 @@ async def _at(
 ) -> Result:
     """The scheduler alone, then served and raw in alternating rounds, at ``count`` sessions."""
     scheduler_us = await scheduler_cost(count, frames, rounds)
+    cold_us = await scheduler_cost(count, frames, rounds, traffic_mb=TRAFFIC_MB)
     handles = [await core.open("bench") for _ in range(count)]
     before = core.schedulers[0].stats()
     _, _, done = await served_cost(handles, clock, frames // 8)  # warm; the batch it forms
@@ -320,6 +342,7 @@ async def _at(
         handle.close()
     return {
         "scheduler_us": scheduler_us,
+        "scheduler_cold_us": cold_us,
         "core_us": statistics.median(costs),
         "core_us_rounds": costs,
         "served_over_raw": statistics.median(ratios),
@@ -338,6 +361,7 @@ def run(quick: bool = False, *, rounds: int | None = None, frames: int | None = 
         [
             count,
             r["scheduler_us"],
+            r["scheduler_cold_us"],
             r["mean_batch"],
             f"**{r['core_us']:.1f}**",
             f"{min(r['core_us_rounds']):.1f}–{max(r['core_us_rounds']):.1f}",
@@ -351,6 +375,7 @@ def run(quick: bool = False, *, rounds: int | None = None, frames: int | None = 
         [
             "sessions",
             "scheduler alone (no model)",
+            f"scheduler beside {TRAFFIC_MB} MB of traffic a batch",
             "batch formed",
             "whole core (outside the model's run)",
             "rounds min–max",
