@@ -15,6 +15,7 @@ cost none more (``docs/architecture.md`` §4).
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import weakref
 from collections.abc import Sequence
@@ -106,50 +107,54 @@ def deliver(items: Sequence[Delivery]) -> None:
 
 class _Outbox:
     """Completions waiting for one event loop, and whether a hand-off to drain them is
-    already scheduled there (then posting more costs no wake-up of the loop)."""
+    already scheduled there (then posting more costs no wake-up of the loop).
 
-    __slots__ = ("_items", "_lock", "_scheduled")
+    No lock: a deque's append and popleft are atomic, a worker appends before it looks
+    at the flag and the drain clears the flag before it takes, so a completion is
+    either taken by a drain already under way or finds the flag clear and schedules one
+    (two workers posting at once may both schedule: the second drain finds nothing).
+    """
+
+    __slots__ = ("_items", "_scheduled")
 
     def __init__(self) -> None:
-        # No reference to the loop: it keys this outbox in a weak mapping.
-        self._lock = threading.Lock()
-        self._items: list[Delivery] = []
+        # No reference to the loop: the entry goes when the loop is collected.
+        self._items: collections.deque[Delivery] = collections.deque()
         self._scheduled = False
 
     def post(self, loop: asyncio.AbstractEventLoop, items: Sequence[Delivery]) -> None:
-        with self._lock:
-            self._items.extend(items)
-            if self._scheduled:
-                return
-            self._scheduled = True
+        self._items.extend(items)
+        if self._scheduled:
+            return
+        self._scheduled = True
         try:
             loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # a closed loop: nobody is waiting for these any more
-            with self._lock:
-                self._items.clear()
-                self._scheduled = False
+            self._items.clear()
+            self._scheduled = False
 
     def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for request, value, error in items:
+        self._scheduled = False
+        items = self._items
+        while items:
+            request, value, error = items.popleft()
             request._deliver(value, error)
 
 
-_outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = (
-    weakref.WeakKeyDictionary()
-)
+# Keyed by the loop's id, each entry removed when its loop is collected: a lookup per
+# batch is one dict get (a weak-keyed mapping would make a weak reference per lookup).
+_outboxes: dict[int, _Outbox] = {}
 _outboxes_lock = threading.Lock()
 
 
 def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
-    found = _outboxes.get(loop)
+    found = _outboxes.get(id(loop))
     if found is None:
         with _outboxes_lock:
-            found = _outboxes.get(loop)
+            found = _outboxes.get(id(loop))
             if found is None:
-                found = _outboxes[loop] = _Outbox()
+                found = _outboxes[id(loop)] = _Outbox()
+                weakref.finalize(loop, _outboxes.pop, id(loop), None)
     return found
 
 
