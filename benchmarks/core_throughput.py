@@ -77,7 +77,8 @@ class RawRunner:
     def __init__(self, model: Path, settings: Settings) -> None:
         device = detect_devices(settings.devices)[0]
         providers, options = session_config(device, settings.devices)
-        graph = load_serving_graph(model, AdapterSpec())
+        # The graph the core opens on that device (the raw API's branch on a CPU).
+        graph = load_serving_graph(model, AdapterSpec(), raw_branch=device.kind == "cpu")
         self.session = ort.InferenceSession(graph.serialized(), options, providers=providers)
         self.rng = np.random.default_rng(0)
 

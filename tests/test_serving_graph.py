@@ -9,6 +9,7 @@ one (masked first, RGB, 96 px, [-1, 1], mel audio).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,15 @@ def host_path(
     return np.ascontiguousarray(planes.transpose(0, 2, 3, 1)), raw
 
 
+def _adapter(
+    model: Path, spec: AdapterSpec, *, raw_branch: bool, max_batch_size: int = 8
+) -> LipSyncAdapter:
+    """The model wrapped with the raw API's branch (as on a CPU device) or without (GPU)."""
+    graph = load_serving_graph(model, spec, raw_branch=raw_branch)
+    session = ort.InferenceSession(graph.serialized(), providers=["CPUExecutionProvider"])
+    return LipSyncAdapter(session, spec, graph.binding, max_batch_size=max_batch_size)
+
+
 def _regions(spec: AdapterSpec, crops: np.ndarray) -> np.ndarray:
     builder = FaceInputBuilder(spec)
     return np.stack([builder.model_region(c) for c in crops])
@@ -79,14 +89,15 @@ def _regions(spec: AdapterSpec, crops: np.ndarray) -> np.ndarray:
     ],
     ids=["unet_328-demo", "unet_328-unbounded", "wav2lip_96"],
 )
+@pytest.mark.parametrize("raw_branch", [True, False], ids=["cpu-graph", "gpu-graph"])
 def test_wrapped_model_is_bit_exact_with_the_host_path(
-    tmp_path: Path, spec: AdapterSpec, build: object
+    tmp_path: Path, spec: AdapterSpec, build: object, raw_branch: bool
 ) -> None:
     model = tmp_path / "m.onnx"
     build(model)  # type: ignore[operator]
     crops, audio = _crops(spec, 5, seed=1), _audio(spec, 5, seed=2)
     want_faces, want_raw = host_path(model, spec, crops, audio)
-    adapter = LipSyncAdapter.from_path(model, spec, max_batch_size=2)  # chunks 2, 2, 1
+    adapter = _adapter(model, spec, raw_branch=raw_branch, max_batch_size=2)  # chunks 2, 2, 1
     faces = adapter.run(_regions(spec, crops), audio)
     np.testing.assert_array_equal(faces, want_faces)
     builder = FaceInputBuilder(spec)
@@ -107,12 +118,12 @@ def test_unbounded_outputs_saturate(tmp_path: Path) -> None:
     assert faces.max() == 255
 
 
-def test_the_masked_region_never_reaches_the_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("raw_branch", [True, False], ids=["cpu-graph", "gpu-graph"])
+def test_the_masked_region_never_reaches_the_model(tmp_path: Path, raw_branch: bool) -> None:
     """Pixels inside mask_rect only reach the model through the reference half."""
     model = tmp_path / "m.onnx"
     build_lipsync_model(model)
-    graph = load_serving_graph(model, UNET)
-    session = ort.InferenceSession(graph.serialized(), providers=["CPUExecutionProvider"])
+    graph = load_serving_graph(model, UNET, raw_branch=raw_branch)
     # Expose the model's visual input to read what the graph built.
     probe = onnx.ModelProto()
     probe.CopyFrom(graph.model)
@@ -132,9 +143,12 @@ def test_the_masked_region_never_reaches_the_model(tmp_path: Path) -> None:
     assert not built[:, 3:, y : y + h, x : x + w].any()
 
 
-def test_static_batch_export_and_one_run_mixing_faces_and_raw(tmp_path: Path) -> None:
-    static = LipSyncAdapter.from_path(tiny_lipsync(tmp_path / "s.onnx", batch=1), UNET)
-    dynamic = LipSyncAdapter.from_path(tiny_lipsync(tmp_path / "d.onnx"), UNET)
+@pytest.mark.parametrize("raw_branch", [True, False], ids=["cpu-graph", "gpu-graph"])
+def test_static_batch_export_and_one_run_mixing_faces_and_raw(
+    tmp_path: Path, raw_branch: bool
+) -> None:
+    static = _adapter(tiny_lipsync(tmp_path / "s.onnx", batch=1), UNET, raw_branch=raw_branch)
+    dynamic = _adapter(tiny_lipsync(tmp_path / "d.onnx"), UNET, raw_branch=raw_branch)
     assert static.max_batch_size == 1
     assert not static.binding.dynamic_batch
     regions, audio = _regions(UNET, _crops(UNET, 3, 7)), _audio(UNET, 3, 8)
@@ -145,6 +159,40 @@ def test_static_batch_export_and_one_run_mixing_faces_and_raw(tmp_path: Path) ->
     faces, raw = dynamic.session.run([FACES, RAW], feeds)
     np.testing.assert_array_equal(faces[:2], dynamic.run(regions[:2], audio[:2]))
     np.testing.assert_array_equal(raw[2:], dynamic.run_raw(scaled, audio[2:]))
+
+
+@pytest.mark.parametrize("raw_branch", [True, False], ids=["cpu-graph", "gpu-graph"])
+def test_a_batch_without_raw_frames_is_not_copied_into_a_shared_one(
+    tmp_path: Path, raw_branch: bool
+) -> None:
+    """On the CPU graph a batch of faces alone skips the Concat with the raw API's inputs
+    (a copy of the whole float input); one with a raw frame still runs it. Read from
+    onnxruntime's own profile of the nodes each run executed."""
+    model = tiny_lipsync(tmp_path / "m.onnx")
+    graph = load_serving_graph(model, UNET, raw_branch=raw_branch)
+    regions, audio = _regions(UNET, _crops(UNET, 2, 14)), _audio(UNET, 3, 15)
+
+    def nodes_run(scaled_rows: int) -> set[str]:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(tmp_path / f"profile{scaled_rows}")
+        session = ort.InferenceSession(
+            graph.serialized(), options, providers=["CPUExecutionProvider"]
+        )
+        scaled = np.zeros((scaled_rows, 6, 320, 320), dtype=np.float32)
+        session.run([FACES], {CROPS: regions, SCALED: scaled, AUDIO: audio[: 2 + scaled_rows]})
+        events = json.loads(Path(session.end_profiling()).read_text())
+        suffix = "_kernel_time"
+        return {
+            e["name"].removesuffix(suffix)
+            for e in events
+            if e.get("cat") == "Node" and e["name"].endswith(suffix)
+        }
+
+    faces_only, mixed = nodes_run(0), nodes_run(1)
+    assert "lipstream_scale_in" in faces_only or "lipstream_scale_in_faces" in faces_only
+    assert "lipstream_batch" in mixed
+    assert ("lipstream_batch" in faces_only) is not raw_branch
 
 
 def test_fp16_weights_keep_float32_io_and_stay_close(tmp_path: Path) -> None:

@@ -145,7 +145,9 @@ class LipSyncAdapter:
         fp16: bool = False,
     ) -> LipSyncAdapter:
         """Load, wrap and open ``path``; a model that does not fit raises ModelLoadError."""
-        graph = load_serving_graph(path, spec, fp16=fp16)
+        names = [p if isinstance(p, str) else p[0] for p in providers or ()]
+        on_cpu = all(name == "CPUExecutionProvider" for name in names)  # none: the CPU's
+        graph = load_serving_graph(path, spec, fp16=fp16, raw_branch=on_cpu)
         session = open_session(
             graph.serialized(), label=str(path), providers=providers, options=options
         )

@@ -19,7 +19,7 @@ One graph serves both kinds of request, in one run: the scaled inputs are concat
 after the crops' on the batch axis, so a raw request costs no second session (and no
 second copy of the weights on the device).
 
-Why one module of about 400 lines: the nodes are built in one pass over one graph and
+Why one module of about 500 lines: the nodes are built in one pass over one graph and
 share its names (the ``lipstream_`` prefix, checked against the model's own); split,
 the steps would pass those names and their order between modules.
 """
@@ -65,11 +65,14 @@ class ServingGraph:
         return data
 
 
-def load_serving_graph(path: Path, spec: AdapterSpec, *, fp16: bool = False) -> ServingGraph:
+def load_serving_graph(
+    path: Path, spec: AdapterSpec, *, fp16: bool = False, raw_branch: bool = False
+) -> ServingGraph:
     """Read ``path`` and wrap it; every failure is a :class:`ModelLoadError` naming the file.
 
-    ``fp16`` converts the model's weights and arithmetic to float16 first (its inputs
-    and outputs stay float32, so the wrapping and the raw API do not change).
+    ``raw_branch`` as for :func:`wrap_model` (on for a session on the CPU). ``fp16``
+    converts the model's weights and arithmetic to float16 first (its inputs and outputs
+    stay float32, so the wrapping and the raw API do not change).
     """
     if not path.is_file():
         raise ModelLoadError(f"model file {path} does not exist")
@@ -82,7 +85,7 @@ def load_serving_graph(path: Path, spec: AdapterSpec, *, fp16: bool = False) -> 
     try:
         if fp16:
             model = to_fp16(model)
-        graph = wrap_model(model, spec)
+        graph = wrap_model(model, spec, raw_branch=raw_branch)
     except ModelLoadError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     return ServingGraph(graph.model, graph.binding, path)
@@ -149,8 +152,14 @@ def model_binding(model: onnx.ModelProto, spec: AdapterSpec) -> ModelBinding:
     return bind_inputs(graph_dims(inputs), graph_dims(graph.output), spec)
 
 
-def wrap_model(model: onnx.ModelProto, spec: AdapterSpec) -> ServingGraph:
+def wrap_model(
+    model: onnx.ModelProto, spec: AdapterSpec, *, raw_branch: bool = False
+) -> ServingGraph:
     """Wrap ``model`` (a float lip-sync model bound to ``spec``) into the serving graph.
+
+    ``raw_branch`` (for a CPU session) adds the raw API's inputs to a batch only when it
+    has any (:func:`_raw_branch`); without it they are always concatenated, which on a
+    GPU is a copy in device memory, too cheap to be worth a branch nobody measured there.
 
     Raises :class:`ModelLoadError` when the model does not fit the spec or cannot be
     brought to opset 11.
@@ -186,7 +195,7 @@ def wrap_model(model: onnx.ModelProto, spec: AdapterSpec) -> ServingGraph:
         _rename(g, binding.output_name, RAW)
     kept_inputs = [v for v in g.input if v.name not in (binding.visual_name, binding.audio_name)]
     before = [
-        *_input_nodes(spec, binding.visual_name, types[binding.visual_name]),
+        *_input_nodes(spec, binding.visual_name, types[binding.visual_name], raw_branch=raw_branch),
         *_cast_or_identity(AUDIO, binding.audio_name, types[binding.audio_name]),
     ]
     after = _output_nodes(spec, binding.output_name, output_type)
@@ -269,7 +278,9 @@ def _scale(pixel_scale: str) -> tuple[float, float]:
     return (1.0 / 255.0, 0.0) if pixel_scale == "zero_one" else (1.0 / 127.5, -1.0)
 
 
-def _input_nodes(spec: AdapterSpec, visual_name: str, elem_type: int) -> list[onnx.NodeProto]:
+def _input_nodes(
+    spec: AdapterSpec, visual_name: str, elem_type: int, *, raw_branch: bool
+) -> list[onnx.NodeProto]:
     """crops + scaled → the model's visual input, exactly as the adapter describes it.
 
     Everything before the one DequantizeLinear (``x * scale``, the same float32 product
@@ -308,19 +319,74 @@ def _input_nodes(spec: AdapterSpec, visual_name: str, elem_type: int) -> list[on
         helper.make_node("Concat", halves, [f"{p}six"], axis=1, name=f"{p}six"),
         _const(f"{p}in_scale", np.asarray(multiplier, dtype=np.float32)),
         _const(f"{p}in_zero", np.asarray(0, dtype=np.uint8)),
+    ]
+
+    def scaled_crops(suffix: str) -> tuple[list[onnx.NodeProto], str]:
+        steps = [
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{p}six", f"{p}in_scale", f"{p}in_zero"],
+                [f"{p}six_f{suffix}"],
+                name=f"{p}scale_in{suffix}",
+            )
+        ]
+        return steps, _plus(steps, f"{p}six_f{suffix}", offset, f"{p}in_offset{suffix}")
+
+    if not raw_branch:
+        steps, crops_f = scaled_crops("")
+        nodes += [
+            *steps,
+            helper.make_node("Concat", [crops_f, SCALED], [f"{p}visual"], axis=0, name=f"{p}batch"),
+        ]
+    else:
+        nodes += _raw_branch(scaled_crops("_mixed"), scaled_crops("_faces"), f"{p}visual")
+    nodes += _cast_or_identity(f"{p}visual", visual_name, elem_type)
+    return nodes
+
+
+def _raw_branch(
+    mixed: tuple[list[onnx.NodeProto], str], faces: tuple[list[onnx.NodeProto], str], out: str
+) -> list[onnx.NodeProto]:
+    """``out`` = the scaled crops, with the raw API's inputs after them only when a batch
+    has any: an If on ``SCALED``'s row count. Without raw frames the branch's last node
+    writes the model's input itself, where a Concat with an empty ``SCALED`` copies the
+    whole float input once more (on a CPU, a pass over 2.5 MB a frame)."""
+    p = _PREFIX
+    mixed_nodes, mixed_out = mixed
+    faces_nodes, faces_out = faces
+    mixed_nodes = [
+        *mixed_nodes,
         helper.make_node(
-            "DequantizeLinear",
-            [f"{p}six", f"{p}in_scale", f"{p}in_zero"],
-            [f"{p}six_f"],
-            name=f"{p}scale_in",
+            "Concat", [mixed_out, SCALED], [f"{p}visual_mixed"], axis=0, name=f"{p}batch"
         ),
     ]
-    visual = _plus(nodes, f"{p}six_f", offset, f"{p}in_offset")
-    nodes += [
-        helper.make_node("Concat", [visual, SCALED], [f"{p}visual"], axis=0, name=f"{p}batch"),
-        *_cast_or_identity(f"{p}visual", visual_name, elem_type),
+
+    def branch(name: str, steps: list[onnx.NodeProto], result: str) -> onnx.GraphProto:
+        output = helper.make_tensor_value_info(result, TensorProto.FLOAT, None)
+        return helper.make_graph(steps, f"{p}{name}", [], [output])
+
+    return [
+        helper.make_node("Shape", [SCALED], [f"{p}scaled_shape"], name=f"{p}scaled_shape"),
+        _const(f"{p}rows_axis", np.asarray(0, dtype=np.int64)),
+        helper.make_node(
+            "Gather",
+            [f"{p}scaled_shape", f"{p}rows_axis"],
+            [f"{p}scaled_rows"],
+            axis=0,
+            name=f"{p}scaled_rows",
+        ),
+        helper.make_node(
+            "Cast", [f"{p}scaled_rows"], [f"{p}any_scaled"], to=TensorProto.BOOL, name=f"{p}any"
+        ),
+        helper.make_node(
+            "If",
+            [f"{p}any_scaled"],
+            [out],
+            then_branch=branch("with_raw", mixed_nodes, f"{p}visual_mixed"),
+            else_branch=branch("faces_only", faces_nodes, faces_out),
+            name=f"{p}raw_branch",
+        ),
     ]
-    return nodes
 
 
 def _masked_copy(spec: AdapterSpec, planes: str, out: str) -> list[onnx.NodeProto]:

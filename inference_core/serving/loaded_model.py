@@ -155,7 +155,8 @@ class LoadedModel:
         spec = package.manifest.adapter
         what = f"model {package.avatar_id!r} ({path.name}) on {device.name}"
         try:
-            graph = load_serving_graph(path, spec, fp16=fp16 and device.kind == "cuda")
+            on_cpu = device.kind == "cpu"
+            graph = load_serving_graph(path, spec, fp16=fp16 and not on_cpu, raw_branch=on_cpu)
             session = session_factory(graph, device)
             adapter = LipSyncAdapter(session, spec, graph.binding, max_batch_size=max_batch_size)
             model = cls(
