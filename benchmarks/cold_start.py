@@ -60,7 +60,7 @@ async def _measure(root: Path, tries: int) -> dict[str, Result]:
                 "max_ms": max(totals),
                 "open_median_ms": statistics.median(opens),
                 "first_frame_median_ms": statistics.median(firsts),
-                "batch_sizes_warmed": settings.batching.max_batch_size,
+                "batch_sizes_warmed": settings.batching.size_for(core.devices[0].kind),
             }
     finally:
         await core.stop()

@@ -293,9 +293,21 @@ class RegistrySettings(_Section):
 class BatchingSettings(_Section):
     """Cross-session batching per model."""
 
-    max_batch_size: int = Field(default=8, ge=1, le=64)
+    max_batch_size: int | None = Field(default=None, ge=1, le=64)
     max_wait_ms: float = Field(default=3.0, ge=0, le=100)
     queue_size: int = Field(default=256, ge=1)
+
+    def size_for(self, kind: str) -> int:
+        """The most frames of one model per run on a device of ``kind``: the setting, or 8
+        on CUDA and 2 on CPU.
+
+        On a GPU a batch fills the device; on a CPU a larger batch's activations spill
+        out of the caches, and the demo model served 1.46x more frames/s at 8 sessions
+        with batches of 2 than of 8 (a compute-bound model is level; docs/performance.md).
+        """
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return 8 if kind == "cuda" else 2
 
 
 class CacheSettings(_Section):

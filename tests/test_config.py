@@ -53,7 +53,8 @@ def test_no_file_gives_defaults() -> None:
     assert settings.registry.eviction_policy == "lru"
     assert settings.registry.assignment == "least-loaded"
     assert settings.registry.models == {}
-    assert settings.batching.max_batch_size == 8
+    assert settings.batching.max_batch_size is None  # per device kind:
+    assert (settings.batching.size_for("cuda"), settings.batching.size_for("cpu")) == (8, 2)
     assert settings.cache.background_cache_bytes == 256 * MIB
     assert settings.session.max_audio_push_bytes == 16 * MIB
     assert settings.audio.right_context == 7

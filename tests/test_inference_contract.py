@@ -195,7 +195,7 @@ async def test_metadata_does_not_load_and_requests_wait_for_a_load(
     assert stats.requests.success_count == 1
     assert stats.requests.fail_count == 0
     assert stats.frames == 3  # the warm-up runs no frames through the counters
-    assert stats.batches == 1
+    assert stats.batches == 2  # at most 2 frames a run on a CPU device (batching's default)
     assert stats.inference_ns > 0
 
 

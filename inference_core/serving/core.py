@@ -80,7 +80,7 @@ class InferenceCore:
                 device.name,
                 workers=settings.devices.workers_for(device.kind),
                 queue_size=batching.queue_size,
-                max_batch_size=batching.max_batch_size,
+                max_batch_size=batching.size_for(device.kind),
                 max_wait_ms=batching.max_wait_ms,
                 events=events,
             )

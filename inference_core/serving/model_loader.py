@@ -126,7 +126,7 @@ class ModelLoader:
                 package,
                 device,
                 self._session_factory,
-                max_batch_size=self._settings.batching.max_batch_size,
+                max_batch_size=self._settings.batching.size_for(device.kind),
                 clock=self._clock,
                 fp16=self._settings.devices.precision == "fp16",
             )

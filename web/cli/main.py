@@ -376,7 +376,7 @@ def _render(
         vad_threshold_db=settings.audio.vad_threshold_db,
         hangover_frames=settings.audio.hangover_frames,
         blend_frames=settings.audio.blend_frames,
-        max_batch_size=settings.batching.max_batch_size,
+        max_batch_size=settings.batching.size_for("cpu"),  # the render runs on the CPU
         preset=settings.video.preset,
         cache_bytes=settings.cache.background_cache_bytes,
         max_seconds=preview_s,
