@@ -109,6 +109,7 @@ class FakeEncoder:
     def __init__(self) -> None:
         self.keyframe_interval_s = 0.0
         self.steady_idle = False
+        self.estimate_measured = False
         self.keyframe_requests = 0
         self.keyframe_requests_ignored = 0
         self.qps: deque[float] = deque()

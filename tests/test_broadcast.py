@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection, RTCRtpSender
 
 from config.settings import Settings
-from streaming.broadcast.feed import KEPT_FRAMES, VideoFeed, ViewerVideo
+from streaming.broadcast.feed import KEPT_FRAMES, STEPS_AFTER_S, VideoFeed, ViewerVideo
 from streaming.live.send_buffers import SendBuffers
 from streaming.webrtc.tracks import SILENCE, stamped
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder, payload_packet
@@ -104,6 +104,46 @@ async def test_a_viewers_pli_asks_the_session_and_frames_keep_coming() -> None:
     assert (await viewer.packet_for(1, own)).opaque == P
     assert not own.keyframe_wanted  # passed on, not left on the viewer's idle encoder
     assert feed.keyframes_asked == 1
+
+
+class LowerSteps:
+    """Two quality steps: the session's own (0) and one below it for budgets under
+    ``ceiling_bps``, whose feed the test publishes to."""
+
+    def __init__(self, ceiling_bps: int) -> None:
+        self.ceiling_bps = ceiling_bps
+        self.lower = VideoFeed()
+        self.asked: list[int] = []
+
+    def choose(self, current: int, budget_bps: int) -> int:
+        self.asked.append(budget_bps)
+        return 1 if budget_bps < self.ceiling_bps else 0
+
+    def feed(self, step: int, viewer: int, budget_bps: int) -> VideoFeed:
+        assert step == 1
+        return self.lower
+
+
+async def test_a_viewers_step_follows_only_a_measured_estimate() -> None:
+    """A viewer whose client sends no bandwidth feedback keeps the session's own stream:
+    its link's estimate is still the start value, not a measurement of its link."""
+    top, encoder, own = VideoFeed(), _encoder(), _encoder()
+    now = [0.0]
+    steps = LowerSteps(ceiling_bps=own.target_bitrate + 1)  # the start budget is below it
+    viewer = ViewerVideo(top, steps, clock=lambda: now[0])
+    for index in range(3):
+        now[0] = index * (STEPS_AFTER_S + 1)  # well past the first seconds
+        top.publish(index, _packet(IDR, index), encoder)
+        # Bounded: a viewer moved to the lower step would wait there for a frame.
+        packet = await asyncio.wait_for(viewer.packet_for(index, own), 10)
+        assert packet.opaque == IDR
+    assert viewer.step == 0
+    assert steps.asked == []  # never consulted on an unmeasured estimate
+    own.estimate_measured = True  # feedback came: the estimate is the link's now
+    steps.lower.publish(3, _packet(IDR, 3), encoder)
+    assert (await viewer.packet_for(3, own)).opaque == IDR
+    assert viewer.step == 1
+    assert steps.asked == [own.target_bitrate]
 
 
 def test_viewers_hear_the_sessions_audio_packets_left_in_place() -> None:

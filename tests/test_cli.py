@@ -102,7 +102,11 @@ def test_config_check_prints_effective_settings(
 ) -> None:
     code, out, _ = _run(capsys, "--config", str(config), "config", "check")
     assert code == 0
-    assert json.loads(out)["batching"] == {"max_batch_size": None, "max_wait_ms": 3.0, "queue_size": 256}
+    assert json.loads(out)["batching"] == {
+        "max_batch_size": None,
+        "max_wait_ms": 3.0,
+        "queue_size": 256,
+    }
 
 
 def test_avatar_validate_lists_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,9 @@ async def test_a_clean_link_climbs_from_the_start_rate_to_the_full_picture() -> 
     call = SimulatedCall(Bottleneck(10e6))
     estimator = call.controller.estimator
     assert estimator.estimate_bps == 300_000  # where every call starts
+    assert call.encoder.estimate_measured is False  # a start value, not a measurement
     await call.run(8)
+    assert call.encoder.estimate_measured is True
     assert estimator.mode is Mode.TRANSPORT_CC
     assert call.encoder.steady_idle is True  # our own estimate: steady idle loops allowed
     assert estimator.estimate_bps == MAX_BPS

@@ -124,7 +124,9 @@ async def test_remb_is_the_links_without_transport_cc() -> None:
         return bytes(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=9, media_ssrc=0, fci=fci))
 
     assert encoder.steady_idle is False  # not before transport-cc drives the estimate
+    assert encoder.estimate_measured is False  # the ceiling, guessed: nothing reported yet
     assert controller.rtcp(remb(1_500_000)) == b""
+    assert encoder.estimate_measured is True
     assert controller.estimator.estimate_bps == 2_631_579  # a lagging first REMB: kept
     assert encoder.steady_idle is False  # a REMB-only caller keeps to the joining loops
     assert controller.rtcp(remb(800_000)) == b""  # a drop: the caller's overuse

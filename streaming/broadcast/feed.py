@@ -170,7 +170,8 @@ class ViewerVideo:
     budget (its ``encoder``'s target) buys, moving to another step's feed at that
     feed's next IDR; not in its first :data:`STEPS_AFTER_S`, while its link's estimate
     still climbs from its start value (every viewer would otherwise join at the lowest
-    step).
+    step), and never on an estimate no feedback has measured (a viewer whose client
+    sends none would be stepped down to the start value's step for good).
     """
 
     def __init__(
@@ -197,7 +198,11 @@ class ViewerVideo:
         now = self._clock()
         if self._joined_at is None:
             self._joined_at = now
-        if steps is not None and now - self._joined_at >= STEPS_AFTER_S:
+        if (
+            steps is not None
+            and encoder.estimate_measured  # a viewer that sends no feedback keeps its step
+            and now - self._joined_at >= STEPS_AFTER_S
+        ):
             budget = encoder.target_bitrate
             step = steps.choose(self.step, budget)
             feed = steps.feed(step, id(self), budget)

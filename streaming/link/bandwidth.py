@@ -87,6 +87,9 @@ class BandwidthEstimator:
         self._window_start: float | None = None
         self.last_loss = 0.0
         self.remb_bps: int | None = None
+        #: Whether any feedback has moved the estimate yet (until then it is the start
+        #: value on transport-cc, the ceiling otherwise: a guess, not a measurement).
+        self.measured = False
 
     @property
     def estimate_bps(self) -> int:
@@ -129,6 +132,7 @@ class BandwidthEstimator:
     def transport_feedback(self, result: FeedbackResult, now: float) -> None:
         """A transport-cc feedback message, resolved against what was sent."""
         self.mode = Mode.TRANSPORT_CC
+        self.measured = self.measured or bool(result.arrivals)
         recent = self._recent
         for arrival in result.arrivals:
             recent.append(arrival)
@@ -233,6 +237,7 @@ class BandwidthEstimator:
         if self.mode is Mode.TRANSPORT_CC:
             return
         self.mode = Mode.REMB
+        self.measured = True
         before = self._remb.rate
         if self._remb.update(bps, sent_bps, now) < before:
             self.probes.congested(now)
@@ -254,6 +259,7 @@ class BandwidthEstimator:
             return
         loss = self._lost / self._reported
         self.last_loss = loss
+        self.measured = True
         self._lost = self._reported = 0
         self._window_start = now
         self._loss.update(loss, self.estimate_bps, self.rtt_s, now)

@@ -77,6 +77,7 @@ class LinkedEncoder(Protocol):
 
     keyframe_interval_s: float
     steady_idle: bool
+    estimate_measured: bool
     keyframe_requests: int
     keyframe_requests_ignored: int
     qps: deque[float]
@@ -210,6 +211,7 @@ class LinkController:
         self._set(step, self.ladder.bitrate(budget))
         rtt = self.estimator.rtt_s
         self._encoder.keyframe_interval_s = max(KEYFRAME_MIN_INTERVAL_S, KEYFRAME_RTTS * rtt)
+        self._encoder.estimate_measured = estimator.measured
         self._encoder.steady_idle = steady_idle(
             estimator.mode, estimator.estimate_bps, estimator.limits.max_bps,
             was=self._encoder.steady_idle,

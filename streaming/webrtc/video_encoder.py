@@ -99,6 +99,10 @@ class LipstreamH264Encoder(H264Encoder):
         #: says yes while transport-cc feedback drives its estimate and the estimate is
         #: at the full rate (``streaming/live/idle_sharing.py``).
         self.steady_idle = False
+        #: Whether the link's estimate comes from the peer's feedback (transport-cc,
+        #: REMB, a loss window) rather than its start value: a viewer's quality step
+        #: follows only a measured estimate (``streaming/broadcast/feed.py``).
+        self.estimate_measured = False
         self.keyframe_requests = 0
         self.keyframe_requests_ignored = 0
         #: QP of the live P-frames encoded lately (read and emptied by the link).
