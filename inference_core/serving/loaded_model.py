@@ -46,8 +46,7 @@ from inference_core.serving.frame_request import FrameRequest
 
 logger = logging.getLogger(__name__)
 
-# dtype instances, not the scalar types: comparing an array's dtype with a type converts
-# the type on every call, and every frame submitted is checked.
+# Instances: an array's dtype compared with a scalar type converts the type every call.
 _UINT8 = np.dtype(np.uint8)
 _FLOAT32 = np.dtype(np.float32)
 
@@ -266,8 +265,7 @@ class LoadedModel:
         return results
 
     def _run_chunks(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
-        """Requests in runs of ``max_batch_size``, faces' frames first, raw ones after
-        (the serving graph's batch order); outputs in the requests' order."""
+        """Runs of ``max_batch_size``, faces' frames first (the graph's batch order)."""
         results: list[np.ndarray | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
         step = self._max_batch_size
