@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import threading
 import time
@@ -116,6 +117,11 @@ FAMILIES = {
         "lipstream_idle_loops_building",
         "lipstream_link_calls_by_step",
         "lipstream_link_calls_by_mode",
+        # the process's own (web/process_metrics.py)
+        "lipstream_event_loop_tasks",
+        "lipstream_threads",
+        "process_resident_memory_bytes",
+        "process_open_fds",
     ],
     "histogram": [
         "lipstream_queue_wait_seconds",
@@ -224,6 +230,40 @@ async def test_the_measured_cpu_per_frame_is_served_once_there_is_one(
     assert value(families, "lipstream_cpu_seconds_per_frame") == pytest.approx(0.0215)
     stats = await (await client.get("/admin/stats")).json()
     assert stats["global"]["cpu_ms_per_frame"] == 21.5
+
+
+async def test_the_process_figures_follow_its_tasks_threads_and_files(
+    client: TestClient[object, object], tmp_path: Path
+) -> None:
+    """What a leak would make climb: each of these comes back once what it counted ends."""
+    before = await scrape(client)
+    assert value(before, "process_resident_memory_bytes") > 0
+    released = asyncio.Event()
+    tasks = [asyncio.create_task(released.wait(), name=f"parked-{n}") for n in range(5)]
+    thread_go = threading.Event()
+    thread = threading.Thread(target=thread_go.wait, name="parked-thread")
+    thread.start()
+    files = [(tmp_path / f"open-{n}").open("wb") for n in range(3)]
+    try:
+        during = await scrape(client)
+    finally:
+        released.set()
+        await asyncio.gather(*tasks)
+        thread_go.set()
+        thread.join(timeout=10)
+        for file in files:
+            file.close()
+    after = await scrape(client)
+    # Each scrape counts its own request's task: the same in all three.
+    tasks_before = value(before, "lipstream_event_loop_tasks")
+    assert value(during, "lipstream_event_loop_tasks") == tasks_before + 5
+    assert value(after, "lipstream_event_loop_tasks") == tasks_before
+    threads_before = value(before, "lipstream_threads")
+    assert value(during, "lipstream_threads") == threads_before + 1
+    assert value(after, "lipstream_threads") == threads_before
+    fds_before = value(before, "process_open_fds")
+    assert value(during, "process_open_fds") == fds_before + 3
+    assert value(after, "process_open_fds") == fds_before
 
 
 async def test_raw_frames_move_the_inference_counters_and_histograms(

@@ -81,7 +81,8 @@ lipstream_idle_loop_build_failures_total    counter                 idle loops
 ==========================================  =========  ===========  ====================
 
 The calls' links (estimates, round trips, loss, ladder steps, repairs) are listed in
-:mod:`web.link_metrics`.
+:mod:`web.link_metrics`; the process's own figures (event loop tasks, threads, RSS, open
+file descriptors) in :mod:`web.process_metrics`.
 
 ``lipstream_frames_dropped_total`` counts live-session frames by why they were not shown
 (``deadline``, ``queue_full``, ``shutting_down``, ``overload``, ``late``, ``not_ready``,
@@ -92,6 +93,7 @@ accepted but did not run (``deadline``, ``shutting_down``, ``model_unloaded``) o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from types import MappingProxyType
 
@@ -111,6 +113,7 @@ from streaming.live.snapshot import SessionsSnapshot
 from streaming.live.tasks import end_reason_label
 from web.app_keys import CORE, METRICS, SESSIONS
 from web.link_metrics import link_metrics
+from web.process_metrics import add_process_metrics
 
 # The classic text format: every Prometheus version reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -496,6 +499,7 @@ def add_metrics_routes(app: web.Application) -> None:
 
     async def attach(app: web.Application) -> None:
         core, sessions = app[CORE], app[SESSIONS]
+        add_process_metrics(registry, asyncio.get_running_loop())
         events.start_devices([device.name for device in core.devices])
         core.set_events(events)
         sessions.on_frame_ready = events.frame_ready
