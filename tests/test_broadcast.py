@@ -365,7 +365,7 @@ async def test_a_viewer_on_a_slow_link_watches_a_lower_step_encoded_once(
     client: Client,
 ) -> None:
     sid = await _new_session(client)
-    fast, slow = Viewer(client, sid), Viewer(client, sid)
+    fast, slow = Viewer(client, sid, own_remb=False), Viewer(client, sid, own_remb=False)
     try:
         for viewer in (fast, slow):
             await viewer.watch()
@@ -375,9 +375,17 @@ async def test_a_viewer_on_a_slow_link_watches_a_lower_step_encoded_once(
         assert rungs is not None
         top = rungs.steps[0]
         # The test says what each viewer's link carries (REMB; aiortc's own estimate,
-        # which a loaded machine can drag down, is switched off): one carries twice the
-        # session's stream, the other 0.3 of it.
+        # which a loaded machine can drag down, is off from the start): one carries twice the
+        # session's stream, the other 0.3 of it. The slow one first says what the fast
+        # one does and then drops, as a browser's REMB does when its queue grows. A REMB
+        # that starts low is followed only once it has stayed under what the viewer is
+        # sent for a second (``RembRate``): the idle avatar's stream falls under 0.3 of
+        # the top step a few seconds into the session, so a test that began telling
+        # later (a slower machine) waited for ever.
         links = {fast: 2 * top.ceiling_bps, slow: round(0.3 * top.ceiling_bps)}
+        for _ in range(3):
+            for viewer in (fast, slow):
+                await viewer.send_remb(links[fast])
 
         async def tell() -> None:
             for viewer, bitrate in links.items():

@@ -13,7 +13,7 @@ import av
 import numpy as np
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RTCP_PSFB_APP, RtcpPsfbPacket, pack_remb_fci
 
@@ -37,7 +37,18 @@ def luma_digest(luma: np.ndarray) -> str:
 class Viewer:
     """One WHEP viewer of a session (``POST /sessions/{id}/whep``)."""
 
-    def __init__(self, client: TestClient[Any, Any] | ClientSession, session_id: str) -> None:
+    def __init__(
+        self,
+        client: TestClient[Any, Any] | ClientSession,
+        session_id: str,
+        *,
+        own_remb: bool = True,
+    ) -> None:
+        """``own_remb=False`` switches aiortc's own bandwidth estimator off from the start,
+        so the only REMBs the server gets are the test's (:meth:`send_remb`): aiortc's
+        estimate follows how fast this process reads its packets, which a loaded machine
+        drags down."""
+        self.own_remb = own_remb
         self.client = client
         self.session_id = session_id
         self.pc = RTCPeerConnection()
@@ -48,7 +59,9 @@ class Viewer:
 
     async def offer(self, *, audio: bool = True) -> str:
         """The viewer's offer, gathered (receive-only video, and audio if ``audio``)."""
-        self.pc.addTransceiver("video", direction="recvonly")
+        video = self.pc.addTransceiver("video", direction="recvonly")
+        if not self.own_remb:
+            _quiet_estimator(video.receiver)
         if audio:
             self.pc.addTransceiver("audio", direction="recvonly")
         self.pc.on("track", self._on_track)
@@ -93,7 +106,7 @@ class Viewer:
         """Tell the server this viewer's link carries ``bitrate`` (a REMB), in place of
         what aiortc's own estimator would say (it is switched off here)."""
         receiver = next(t.receiver for t in self.pc.getTransceivers() if t.kind == "video")
-        receiver._RTCRtpReceiver__remote_bitrate_estimator = None  # type: ignore[attr-defined]
+        _quiet_estimator(receiver)
         sources = receiver.getSynchronizationSources()
         if not sources:
             return
@@ -117,3 +130,8 @@ class Viewer:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _quiet_estimator(receiver: RTCRtpReceiver) -> None:
+    """No more REMBs of aiortc's own from ``receiver`` (its estimator is private)."""
+    receiver._RTCRtpReceiver__remote_bitrate_estimator = None  # type: ignore[attr-defined]
