@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,17 @@ from tests.packages import make_package
 
 
 class CountingSession:
-    """A real session that records the faces shape of every bound run."""
+    """A real session that records the faces shape and the duration of every bound run."""
 
     def __init__(self, session: ort.InferenceSession) -> None:
         self._session = session
         self.runs: list[int] = []
+        self.run_ns: list[int] = []
 
     def run_with_iobinding(self, io: Any) -> None:
+        started = time.perf_counter_ns()
         self._session.run_with_iobinding(io)
+        self.run_ns.append(time.perf_counter_ns() - started)
         self.runs.append(io.get_outputs()[0].shape()[0])
 
     def __getattr__(self, name: str) -> Any:
@@ -177,6 +181,45 @@ def test_a_batch_larger_than_the_model_takes_is_chunked(tmp_path: Path) -> None:
         loop.close()
 
 
+def test_each_run_times_its_parts_once_for_every_frame_it_carried(
+    package: AvatarPackage,
+) -> None:
+    """Triton's ``compute_input``/``compute_infer``/``compute_output``: a run's parts, each
+    counted once per frame of the run. The model run's share holds the session's own runs
+    (times their frames) and the three lie inside the ``run_batch`` calls (times theirs)."""
+    loop = asyncio.new_event_loop()
+    try:
+        sessions: list[CountingSession] = []
+        model = _open(package, sessions, max_batch_size=4, pad_batches=False)
+        warm = model.stats()  # the warm-up's runs are not the model's use
+        assert (warm.frames, warm.input_ns, warm.infer_ns, warm.output_ns) == (0, 0, 0, 0)
+        session = sessions[0]
+        inside = outside = 0
+        # A live batch (one run), a mixed one (one run) and one chunked into runs of 4 and 2.
+        for requests in (
+            _requests(loop, 4, seed=1),
+            _requests(loop, 2, seed=2) + _requests(loop, 1, raw=True, seed=3),
+            _requests(loop, 6, seed=4),
+        ):
+            runs = len(session.runs)
+            started = time.perf_counter_ns()
+            model.run_batch(requests)
+            outside += (time.perf_counter_ns() - started) * len(requests)
+            inside += sum(
+                ns * rows
+                for ns, rows in zip(session.run_ns[runs:], session.runs[runs:], strict=True)
+            )
+        assert session.runs[-4:] == [4, 3, 4, 2]
+        stats = model.stats()
+        assert stats.frames == 13
+        assert stats.input_ns > 0
+        assert stats.output_ns > 0
+        assert inside <= stats.infer_ns
+        assert stats.input_ns + stats.infer_ns + stats.output_ns <= outside
+    finally:
+        loop.close()
+
+
 def test_buffers_and_bindings_are_reused_not_reallocated(package: AvatarPackage) -> None:
     loop = asyncio.new_event_loop()
     try:
@@ -187,7 +230,7 @@ def test_buffers_and_bindings_are_reused_not_reallocated(package: AvatarPackage)
         assert thread_buffers().get(320, (32, 16, 16), 8, pinned=False) is buffers
         # One binding per (buffer set, bucket) of this thread, whatever the batch sizes: no
         # face was kept, so every run wrote into the same output slab.
-        keys = set(model._bindings)
+        keys = model.runs.binding_keys()
         assert {rows for serial, rows, _ in keys if serial == buffers.serial} == {1, 2, 4, 8}
         assert len({slab for serial, _, slab in keys if serial == buffers.serial}) == 1
 
@@ -198,7 +241,7 @@ def test_buffers_and_bindings_are_reused_not_reallocated(package: AvatarPackage)
         worker = threading.Thread(target=elsewhere)
         worker.start()
         worker.join()
-        assert len({serial for serial, _, _ in model._bindings}) == 2
+        assert len({serial for serial, _, _ in model.runs.binding_keys()}) == 2
     finally:
         loop.close()
 
@@ -232,7 +275,7 @@ def test_faces_still_held_are_never_overwritten_by_later_batches(package: Avatar
         slabs = {id(batch[0].base) for batch in later} | {id(held[0].base)}
         assert len(slabs) == 1 + SLABS  # each held batch kept its own slab
         # The one-off slab (every kept one was held) left no binding behind.
-        assert len({slab for _, _, slab in model._bindings}) == SLABS
+        assert len({slab for _, _, slab in model.runs.binding_keys()}) == SLABS
         del held, later, face, copies
         again = model.run_batch(_requests(loop, 3, seed=9))  # slabs are free again: reused
         pool = thread_buffers()._slabs[(320, model.buckets[-1], False)]

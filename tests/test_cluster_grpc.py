@@ -377,6 +377,9 @@ async def test_the_repository_and_statistics_cover_every_worker(cluster: Cluster
         assert (alice.name, alice.version) == ("alice", "uint8")
         assert alice.inference_count == 3  # frames: 1 + 2
         assert alice.inference_stats.success.count == 2  # requests: one on each
+        for key in ("queue", "compute_input", "compute_infer", "compute_output"):
+            measured = getattr(alice.inference_stats, key)  # per frame, summed
+            assert (measured.count, measured.ns > 0) == (3, True), key
         assert alice.execution_count >= 2
         every = (await client.get_inference_statistics()).model_stats
         assert [(s.name, s.inference_count) for s in every] == [("alice", 3), ("bob", 0)]

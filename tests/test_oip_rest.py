@@ -14,6 +14,7 @@ import asyncio
 import gzip
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from tests.oip_models import (
 )
 from tests.server_process import lipstream_serve
 from web.app import build_app
+from web.app_keys import CORE
 
 HEADER = "Inference-Header-Content-Length"
 Client = TestClient[Any, Any]
@@ -366,6 +368,72 @@ async def test_a_full_queue_is_503_with_retry_after(
         (stats,) = (await client.get_inference_statistics("alice"))["model_stats"]
         assert stats["inference_stats"]["fail"]["count"] == 2
         assert stats["inference_stats"]["success"]["count"] == 1
+
+
+#: How long the queue test holds the worker with a frame queued behind it: the wait the
+#: statistics must show (measured around the hold), not a synchronisation.
+HOLD_S = 0.25
+MEASURED = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+async def test_statistics_measure_the_queue_and_the_parts_of_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``queue`` and the ``compute_*`` durations count every frame run, are measured (not
+    0), add up to no more than the callers waited, and a frame held in the queue behind a
+    busy worker shows the hold in ``queue``."""
+    avatar(tmp_path / "avatars")
+    settings = _settings(
+        tmp_path / "avatars", devices={"kind": "cpu", "count": 1, "workers_per_device": 1}
+    )
+    requests = 6
+    async with (
+        _serving(settings) as (http, url),
+        triton_aio.InferenceServerClient(url) as client,
+    ):
+
+        async def inference_stats() -> dict[str, Any]:
+            (stats,) = (await client.get_inference_statistics("alice"))["model_stats"]
+            assert isinstance(stats, dict)
+            return stats["inference_stats"]  # type: ignore[no-any-return]
+
+        await client.load_model("alice")  # a fresh load: its warm-up runs are not counted
+        assert {(await inference_stats())[key]["count"] for key in MEASURED} == {0}
+        inputs = triton_inputs(*frames(1, uint8=True))
+        started = time.perf_counter_ns()
+        for _ in range(requests):
+            await client.infer("alice", inputs)
+        wall_ns = time.perf_counter_ns() - started
+        stats = await inference_stats()
+        assert stats["success"]["count"] == requests
+        for key in MEASURED:
+            assert stats[key]["count"] == requests, key
+            assert stats[key]["ns"] > 0, key
+        measured_ns = sum(stats[key]["ns"] for key in MEASURED)
+        # Each request's wait and run lie inside the time its caller waited for it.
+        assert measured_ns <= stats["success"]["ns"] <= wall_ns
+
+        scheduler = http.app[CORE].schedulers[0]
+        held = HeldWorker(monkeypatch)
+        first = asyncio.create_task(client.infer("alice", inputs))
+        try:
+            await until(held.entered.is_set, "the worker to take the first frame")
+            second = asyncio.create_task(client.infer("alice", inputs))
+            await until(lambda: scheduler.queue_depth == 1, "the second frame queued")
+            queued = time.perf_counter_ns()
+            await asyncio.sleep(HOLD_S)  # the wait under test
+            held_ns = time.perf_counter_ns() - queued
+        finally:
+            held.release()
+        await asyncio.gather(first, second)
+        after = await inference_stats()
+    assert after["queue"]["count"] == requests + 2
+    waited_ns = after["queue"]["ns"] - stats["queue"]["ns"]
+    assert waited_ns >= held_ns
+    # Not a figure per frame: the held frames' mean wait is past the free ones'.
+    assert waited_ns / 2 > stats["queue"]["ns"] / requests
+    for key in MEASURED[1:]:
+        assert after[key]["count"] == requests + 2, key
 
 
 async def test_a_model_not_loaded_is_refused_until_the_repository_loads_it(

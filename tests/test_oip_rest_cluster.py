@@ -188,6 +188,10 @@ async def test_the_repository_and_statistics_cover_every_worker(cluster: Cluster
         (stats,) = (await client.get_inference_statistics("alice", "uint8"))["model_stats"]
         assert stats["inference_count"] == 3
         assert stats["inference_stats"]["success"]["count"] == 2
+        for key in ("queue", "compute_input", "compute_infer", "compute_output"):
+            measured = stats["inference_stats"][key]  # per frame, summed over the workers
+            assert measured["count"] == 3, key
+            assert measured["ns"] > 0, key
         every = (await client.get_inference_statistics())["model_stats"]
         assert [(s["name"], s["inference_count"]) for s in every] == [("alice", 3), ("bob", 0)]
 

@@ -71,6 +71,7 @@ class RecordingRunner:
         self.calls = calls
         self.errors = list(errors)
         self.batches: list[list[FrameRequest]] = []
+        self.queue_waits: list[tuple[int, float]] = []  # (frames, seconds) per batch
         self.started = threading.Event()
         self._lock = threading.Lock()
 
@@ -97,6 +98,10 @@ class RecordingRunner:
         if planned is not None:
             return planned
         return [r.visual.copy() for r in requests]
+
+    def count_queue_wait(self, frames: int, seconds: float) -> None:
+        with self._lock:
+            self.queue_waits.append((frames, seconds))
 
 
 class Harness:
@@ -582,6 +587,35 @@ async def test_stats_add_up_while_running_and_after_stop(harness: Harness) -> No
     assert stats.busy_seconds == pytest.approx(1.0)
 
 
+async def test_a_batch_that_ran_reports_each_frames_wait_in_the_queue(harness: Harness) -> None:
+    """From its submit to its batch's start, on the scheduler's clock: the runner gets the
+    batch's frames and their waits summed (Triton's ``queue``); a failed batch none."""
+    clock = FakeClock()
+    scheduler = harness.scheduler(max_batch_size=4, clock=clock)
+    gate = harness.gate()
+    blocker = RecordingRunner("a", gate=gate)
+    waiting = RecordingRunner("b")
+    broken = RecordingRunner("c", errors=[RuntimeError("broken model")])
+    first = frame("a", clock.now + FAR)
+    scheduler.submit(first, blocker)
+    await wait_started(blocker)  # the worker is busy from here on
+    early = frame("b", clock.now + FAR)
+    scheduler.submit(early, waiting)
+    clock.advance(2.0)
+    late = [frame("b", clock.now + FAR) for _ in range(2)]
+    doomed = frame("c", clock.now + FAR)
+    for request in late:
+        scheduler.submit(request, waiting)
+    scheduler.submit(doomed, broken)
+    clock.advance(0.5)
+    gate.set()
+    await settle([first, early, *late, doomed])
+    assert blocker.queue_waits == [(1, 0.0)]  # taken as it came
+    assert waiting.queue_waits == [(3, pytest.approx(2.5 + 0.5 + 0.5))]
+    assert len(broken.batches) == 1
+    assert broken.queue_waits == []
+
+
 async def wait_for_workers(count: int) -> list[str]:
     """Wait until exactly ``count`` workers are alive (a replaced one may still be exiting)."""
     async with asyncio.timeout(10):
@@ -741,6 +775,9 @@ class AdapterRunner:
         visual = np.stack([r.visual for r in requests])
         audio = np.stack([r.audio for r in requests])
         return list(self.adapter.run(visual, audio))
+
+    def count_queue_wait(self, frames: int, seconds: float) -> None:
+        pass  # only the batches are looked at here
 
 
 async def test_real_onnx_model_serves_concurrent_sessions(harness: Harness, tmp_path: Path) -> None:

@@ -174,3 +174,12 @@ class ModelRunner(Protocol):
         uint8 BGR ``[S,S,3]`` otherwise. Called from worker threads, concurrently.
         """
         ...
+
+    def count_queue_wait(self, frames: int, seconds: float) -> None:
+        """A batch of ``frames`` frames ran without an error, having waited ``seconds`` in
+        all in the device's queue (Triton's ``queue`` statistic: each frame's own wait).
+
+        Called from the worker thread that ran it, before the frames' results are handed
+        back, so that a caller who has its answer finds its wait counted.
+        """
+        ...

@@ -5,10 +5,11 @@ workers call. It is created (and closed) by the registry, which also moves its
 reference count; workers call :meth:`LoadedModel.run_batch` concurrently from their
 threads, so counters sit behind a lock.
 
-A batch runs through the model's serving graph with IOBinding: the frames' uint8
-regions and audio are copied into the worker thread's preallocated (on CUDA
-page-locked) buffers, the faces come back into one array per batch, and the binding
-object is kept per worker buffer set and bucket (``docs/architecture.md`` §4).
+A batch runs through the model's serving graph with IOBinding
+(:class:`~inference_core.serving.batch_runs.BatchRuns`); this module splits it into runs
+the model takes and counts what they did and took, in Triton's terms: frames and batches,
+the time the frames waited in the device's queue (the scheduler reports it) and the time
+of their runs' parts (``docs/architecture.md`` §4).
 """
 
 from __future__ import annotations
@@ -23,30 +24,18 @@ import numpy as np
 import onnxruntime as ort
 
 from inference_core.adapter.lipsync import LipSyncAdapter
-from inference_core.adapter.serving_graph import (
-    AUDIO,
-    CROPS,
-    FACES,
-    RAW,
-    SCALED,
-    ServingGraph,
-    load_serving_graph,
-)
+from inference_core.adapter.serving_graph import ServingGraph, load_serving_graph
 from inference_core.adapter.spec import AdapterSpec
 from inference_core.avatars.package import AvatarPackage
 from inference_core.exceptions import ModelInputError, ModelLoadError, ModelOutOfMemoryError
-from inference_core.serving.batch_buffers import (
-    InputBuffers,
-    bucket_for,
-    bucket_sizes,
-    thread_buffers,
-)
+from inference_core.serving.batch_runs import BatchRuns, RunTimes
 from inference_core.serving.devices import Device
 from inference_core.serving.frame_request import FrameRequest
 
 logger = logging.getLogger(__name__)
 
-# Instances: an array's dtype compared with a scalar type converts the type every call.
+# dtype instances, not the scalar types: comparing an array's dtype with a type converts
+# the type on every call, and every frame submitted is checked.
 _UINT8 = np.dtype(np.uint8)
 _FLOAT32 = np.dtype(np.float32)
 
@@ -79,6 +68,12 @@ class UsageStats:
     inference_seconds: float
     last_used: float  # monotonic clock (the registry's)
     last_used_wall: float  # time.time()
+    # Triton's durations, in ns, each frame of a batch counted with the batch's time:
+    queue_frames: int  # frames of batches that ran whose queue wait was reported
+    queue_ns: int  # the time those waited in the device's queue
+    input_ns: int  # the parts of the runs of ``frames``: inputs copied in and bound,
+    infer_ns: int  # the model run
+    output_ns: int  # and the outputs handed back
 
     @property
     def mean_ms_per_frame(self) -> float:
@@ -107,17 +102,11 @@ class LoadedModel:
         self._model_id = model_id
         self.device = device
         self.package = package
-        self._adapter: LipSyncAdapter | None = adapter
         self._spec = adapter.spec
         self._max_batch_size = adapter.max_batch_size
-        self.buckets = bucket_sizes(adapter.max_batch_size)
-        self.pad_batches = device.kind == "cuda" if pad_batches is None else pad_batches
-        s = self._spec.input_size
-        self._region_shape = (s, s, 3)
-        self._no_scaled = np.zeros((0, *self._spec.visual_shape), dtype=np.float32)
-        # (input buffer set, batch rows) -> the IOBinding made for it; each buffer set
-        # belongs to one thread, so an entry is only ever used by one thread at a time.
-        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
+        pad = device.kind == "cuda" if pad_batches is None else pad_batches
+        self.runs = BatchRuns(model_id, adapter, device, pad_batches=pad)
+        self._region_shape = self.runs.region_shape
         self._clock = clock
         self.memory_bytes = memory_bytes
         self.load_seconds = load_seconds
@@ -129,6 +118,9 @@ class LoadedModel:
         self._batches = 0
         self._failures = 0
         self._inference_seconds = 0.0
+        self._times = RunTimes()
+        self._queue_frames = 0
+        self._queue_ns = 0
         self._last_used = clock()
         self._last_used_wall = self.loaded_at
 
@@ -187,13 +179,22 @@ class LoadedModel:
         return self._spec
 
     @property
+    def buckets(self) -> tuple[int, ...]:
+        """The batch sizes it runs at (each warmed at load)."""
+        return self.runs.buckets
+
+    @property
+    def pad_batches(self) -> bool:
+        return self.runs.pad_batches
+
+    @property
     def adapter(self) -> LipSyncAdapter | None:
         """The adapter and its session; None once closed."""
-        return self._adapter
+        return self.runs.adapter
 
     @property
     def closed(self) -> bool:
-        return self._adapter is None
+        return self.runs.adapter is None
 
     @property
     def refcount(self) -> int:
@@ -216,6 +217,11 @@ class LoadedModel:
                 inference_seconds=self._inference_seconds,
                 last_used=self._last_used,
                 last_used_wall=self._last_used_wall,
+                queue_frames=self._queue_frames,
+                queue_ns=self._queue_ns,
+                input_ns=self._times.input_ns,
+                infer_ns=self._times.infer_ns,
+                output_ns=self._times.output_ns,
             )
 
     def mark_acquired(self) -> None:
@@ -248,11 +254,12 @@ class LoadedModel:
         if not requests:
             return []
         started = time.perf_counter()
+        times = RunTimes()
         try:
             if len(requests) <= self._max_batch_size and not any(r.raw for r in requests):
-                results: list[np.ndarray] = self._run_chunk(requests)  # a live batch: one run
+                results: list[np.ndarray] = self.runs.run(requests, times)  # a live batch
             else:
-                results = self._run_chunks(requests)
+                results = self._run_chunks(requests, times)
         except BaseException:
             with self._lock:
                 self._failures += 1
@@ -262,16 +269,27 @@ class LoadedModel:
             self._frames += len(requests)
             self._batches += 1
             self._inference_seconds += elapsed
+            self._times.input_ns += times.input_ns
+            self._times.infer_ns += times.infer_ns
+            self._times.output_ns += times.output_ns
         return results
 
-    def _run_chunks(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
-        """Runs of ``max_batch_size``, faces' frames first (the graph's batch order)."""
+    def count_queue_wait(self, frames: int, seconds: float) -> None:
+        """Add a batch that ran: its ``frames`` frames waited ``seconds`` in all in the
+        device's queue (the scheduler calls this before their results are delivered)."""
+        with self._lock:
+            self._queue_frames += frames
+            self._queue_ns += round(seconds * 1e9)
+
+    def _run_chunks(self, requests: Sequence[FrameRequest], times: RunTimes) -> list[np.ndarray]:
+        """Requests in runs of ``max_batch_size``, faces' frames first, raw ones after
+        (the serving graph's batch order); outputs in the requests' order."""
         results: list[np.ndarray | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: requests[i].raw)
         step = self._max_batch_size
         for start in range(0, len(order), step):
             chunk = order[start : start + step]
-            outputs = self._run_chunk([requests[i] for i in chunk])
+            outputs = self.runs.run([requests[i] for i in chunk], times)
             for i, output in zip(chunk, outputs, strict=True):
                 results[i] = output
         return results  # type: ignore[return-value]  # every slot was filled
@@ -279,29 +297,14 @@ class LoadedModel:
     def warm_up(self) -> None:
         """Run every bucket once (and a raw frame) so no shape is first seen live.
 
-        Part of loading; errors propagate (an out-of-memory here is a failed load).
+        Part of loading; errors propagate (an out-of-memory here is a failed load). Its
+        runs are not counted.
         """
-        spec = self._spec
-        region = np.zeros(self._region_shape, dtype=np.uint8)
-        audio = np.zeros(spec.audio_shape, dtype=np.float32)
-        frame = _WarmUpFrame(region, audio, raw=False)
-        for size in self.buckets:
-            self._run_chunk([frame] * size)  # type: ignore[list-item]
-        raw = _WarmUpFrame(np.zeros(spec.visual_shape, dtype=np.float32), audio, raw=True)
-        self._run_chunk([raw])  # type: ignore[list-item]
+        self.runs.warm_up()
 
     def close(self) -> None:
         """Drop the session: its memory goes back to the device only when it is destroyed."""
-        self._adapter = None
-        self._bindings = {}
-
-    def _require_adapter(self) -> LipSyncAdapter:
-        adapter = self._adapter
-        if adapter is None:
-            raise ModelLoadError(
-                f"model {self._model_id!r} was unloaded from {self.device.name}; acquire it again"
-            )
-        return adapter
+        self.runs.close()
 
     def check_frame(self, visual: np.ndarray, audio: np.ndarray, *, raw: bool) -> None:
         """Raise :class:`ModelInputError` unless one frame fits this model: a uint8
@@ -321,80 +324,3 @@ class LoadedModel:
                 f"model {self._model_id!r}: audio input must be {list(spec.audio_shape)}, "
                 f"got {list(audio.shape)}"
             )
-
-    def _run_chunk(self, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
-        """One model run: faces' frames first, raw frames last, padded if configured."""
-        adapter = self._require_adapter()
-        spec = self._spec
-        raw_count = sum(1 for r in requests if r.raw)
-        live = len(requests) - raw_count
-        rows = bucket_for(len(requests), self.buckets) if self.pad_batches else len(requests)
-        crop_rows = rows - raw_count  # padding sits after the faces' frames
-        local = thread_buffers()
-        buffers = local.get(
-            spec.input_size, spec.audio_shape, self.buckets[-1], pinned=self.device.kind == "cuda"
-        )
-        crops, audio = buffers.crops, buffers.audio
-        for j in range(live):
-            request = requests[j]
-            crops[j] = request.visual
-            audio[j] = request.audio
-        for k in range(raw_count):
-            audio[crop_rows + k] = requests[live + k].audio
-        if raw_count:
-            return self._run_mixed(adapter, requests, live, buffers, rows)
-        slab = local.faces(spec.input_size, self.buckets[-1], pinned=buffers.pinned)
-        faces = slab.faces[:rows]
-        key = (buffers.serial, rows, slab.serial)
-        io = self._bindings.get(key) if slab.pooled else None
-        on_host = self.device.kind == "cpu"
-        if io is None:
-            # The buffers and a kept slab stay where they are: bound once, used every run
-            # (a one-off slab's binding goes with it, so the table stays bounded).
-            io = adapter.session.io_binding()
-            if slab.pooled:
-                self._bindings[key] = io
-            io.bind_cpu_input(SCALED, self._no_scaled)
-            io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
-            if on_host:
-                io.bind_cpu_input(CROPS, crops[:rows])
-                io.bind_cpu_input(AUDIO, audio[:rows])
-        if not on_host:  # on a GPU binding an input is its copy to the device: every run
-            io.bind_cpu_input(CROPS, crops[:rows])
-            io.bind_cpu_input(AUDIO, audio[:rows])
-        adapter.session.run_with_iobinding(io)
-        return list(faces[:live])
-
-    def _run_mixed(
-        self,
-        adapter: LipSyncAdapter,
-        requests: Sequence[FrameRequest],
-        live: int,
-        buffers: InputBuffers,
-        rows: int,
-    ) -> list[np.ndarray]:
-        """A run with raw API frames (those after the first ``live``): their scaled inputs
-        and float outputs are this run's own arrays, bound for this run only."""
-        spec = self._spec
-        raws = requests[live:]
-        crop_rows = rows - len(raws)  # padding sits after the faces' frames
-        s = spec.input_size
-        io = adapter.session.io_binding()
-        io.bind_cpu_input(CROPS, buffers.crops[:crop_rows])
-        io.bind_cpu_input(SCALED, np.stack([r.visual for r in raws]))
-        io.bind_cpu_input(AUDIO, buffers.audio[:rows])
-        faces = np.empty((rows, s, s, 3), dtype=np.uint8)
-        raw = np.empty((rows, *spec.output_shape), dtype=np.float32)
-        io.bind_output(FACES, "cpu", 0, np.uint8, list(faces.shape), faces.ctypes.data)
-        io.bind_output(RAW, "cpu", 0, np.float32, list(raw.shape), raw.ctypes.data)
-        adapter.session.run_with_iobinding(io)
-        return [*faces[:live], *raw[crop_rows:]]
-
-
-@dataclass(frozen=True)
-class _WarmUpFrame:
-    """The fields of a :class:`FrameRequest` that a model run reads."""
-
-    visual: np.ndarray
-    audio: np.ndarray
-    raw: bool

@@ -545,6 +545,8 @@ class DeviceScheduler:
                 "device %s: batch of %d for %s failed", self.name, len(batch), model_id
             )
         busy = self._clock() - started
+        if error is None:
+            runner.count_queue_wait(len(batch), sum(waits))
         with self._cond:
             self._in_flight -= len(batch)
             self._stats.record_batch(index, model_id, len(batch), busy, ok=error is None)

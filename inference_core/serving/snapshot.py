@@ -38,6 +38,13 @@ class ModelSnapshot:
     failures: int  # frames whose batch raised
     inference_ms_total: float
     mean_ms_per_frame: float
+    # Triton's per-request durations, each frame counted with its batch's time (ns):
+    # the queue wait of ``queue_frames`` frames, and the parts of the ``frames`` frames' runs.
+    queue_frames: int
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
     last_used: float | None
     loaded_at: float | None
     load_seconds: float | None
@@ -109,6 +116,11 @@ def model_snapshot(
             failures=0,
             inference_ms_total=0.0,
             mean_ms_per_frame=0.0,
+            queue_frames=0,
+            queue_ns=0,
+            compute_input_ns=0,
+            compute_infer_ns=0,
+            compute_output_ns=0,
             last_used=None,
             loaded_at=None,
             load_seconds=None,
@@ -127,6 +139,11 @@ def model_snapshot(
         failures=s.failures,
         inference_ms_total=s.inference_seconds * 1000,
         mean_ms_per_frame=s.mean_ms_per_frame,
+        queue_frames=s.queue_frames,
+        queue_ns=s.queue_ns,
+        compute_input_ns=s.input_ns,
+        compute_infer_ns=s.infer_ns,
+        compute_output_ns=s.output_ns,
         last_used=s.last_used_wall,
         loaded_at=model.loaded_at,
         load_seconds=model.load_seconds,

@@ -53,15 +53,33 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class Duration:
+    """Triton's ``{count, ns}``: how many requests, and their time in all."""
+
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True)
 class ModelStatistics:
-    """What the protocols' statistics report of one model (the core's figures and ours)."""
+    """What the protocols' statistics report of one model (the core's figures and ours).
+
+    ``queue`` and the ``compute_*`` durations are the core's, in Triton's sense with a
+    frame as the core's request: each frame that ran counted once, with its own wait in
+    the device's queue and its batch's time for each part of the batch's run (inputs
+    bound, the model run, outputs handed back). Live sessions' frames are included.
+    """
 
     model_id: str
     requests: RequestCounts
     frames: int  # every frame the model ran, live sessions' included
     batches: int
     failed_frames: int
-    inference_ns: int  # time inside model runs (all batches)
+    inference_ns: int  # time inside run_batch (all batches)
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
 
 
 class InferenceDoor:
@@ -197,6 +215,10 @@ class InferenceDoor:
                 batches=m.batches,
                 failed_frames=m.failures,
                 inference_ns=round(m.inference_ms_total * 1e6),
+                queue=Duration(m.queue_frames, m.queue_ns),
+                compute_input=Duration(m.frames, m.compute_input_ns),
+                compute_infer=Duration(m.frames, m.compute_infer_ns),
+                compute_output=Duration(m.frames, m.compute_output_ns),
             )
             for m in models
         ]

@@ -21,8 +21,9 @@ placement, deadlines, queues and batches of live sessions and ``/v1/infer``:
   so they batch together; each is answered when done (so possibly out of order: match
   answers by ``id``), a failed one with ``error_message``, and the stream goes on.
 * ``ModelStatistics``: ``inference_count`` frames and ``execution_count`` batches run
-  (live sessions' included), ``success``/``fail`` the protocol requests,
-  ``compute_infer`` batches and their time; the rest is zero.
+  (live sessions' included), ``success``/``fail`` the protocol requests; ``queue``,
+  ``compute_input``, ``compute_infer`` and ``compute_output`` count the frames run, each
+  with its own queue wait and its batch's time for each part of the run.
 * ``RepositoryIndex``, ``RepositoryModelLoad`` (parameter ``device``, an ``int64_param``:
   the index of the device to load on), ``RepositoryModelUnload``: the admin API's rule
   applies to load and unload (``authorization: Bearer <server.admin_token>`` metadata).
@@ -59,7 +60,7 @@ from web.inference.contract import (
     frames,
     parse_version,
 )
-from web.inference.door import InferenceDoor
+from web.inference.door import Duration, InferenceDoor
 from web.inference.grpc_status import (
     Context,
     GrpcService,
@@ -269,7 +270,10 @@ class OipServicer:
                         fail=pb.StatisticDuration(
                             count=s.requests.fail_count, ns=s.requests.fail_ns
                         ),
-                        compute_infer=pb.StatisticDuration(count=s.batches, ns=s.inference_ns),
+                        queue=_duration(s.queue),
+                        compute_input=_duration(s.compute_input),
+                        compute_infer=_duration(s.compute_infer),
+                        compute_output=_duration(s.compute_output),
                     ),
                 )
                 for s in figures
@@ -358,6 +362,10 @@ def infer_response(response: pb.ModelInferResponse, outputs: np.ndarray) -> list
     joined they are the bytes ``SerializeToString`` would write, without protobuf's
     copies of the tensor."""
     return [response.SerializeToString(), *delimited(_RAW_OUTPUT, [array_bytes(outputs)])]
+
+
+def _duration(measured: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=measured.count, ns=measured.ns)
 
 
 def _tensor_metadata(tensor: TensorInfo) -> pb.ModelMetadataResponse.TensorMetadata:

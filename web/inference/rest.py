@@ -65,7 +65,7 @@ from web.inference.contract import (
     frames,
     parse_version,
 )
-from web.inference.door import ModelStatistics
+from web.inference.door import Duration, ModelStatistics
 from web.request_body import read_limited, validate
 from web.schemas.base import ResponseModel
 from web.schemas.inference_protocol import (
@@ -97,7 +97,6 @@ PLATFORM: Final = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "statistics")
 #: A repository request's JSON: a flag or a device index, and tritonclient's parameters.
 MAX_REPOSITORY_BODY = 64 * 1024
-_NOT_MEASURED = OipDuration(count=0, ns=0)
 RepositoryState = Literal["READY", "LOADING", "UNAVAILABLE"]
 _STATES: dict[str, RepositoryState] = {"loaded": "READY", "loading": "LOADING"}
 
@@ -350,10 +349,14 @@ def model_stats(figures: ModelStatistics) -> OipModelStats:
 
     ``inference_count`` is frames run and ``execution_count`` batches run, live sessions'
     included (they share the batches); ``success`` and ``fail`` are the protocols'
-    requests that reached the core, with the time callers waited; ``compute_infer`` is the
-    batches and the time inside model runs. Queue, input and output times are not
-    measured apart from those and read 0.
+    requests that reached the core, with the time callers waited; ``queue`` and the
+    ``compute_*`` durations count frames, each with its own queue wait and its batch's
+    time for each part of the run (:class:`~web.inference.door.ModelStatistics`).
     """
+
+    def duration(measured: Duration) -> OipDuration:
+        return OipDuration(count=measured.count, ns=measured.ns)
+
     requests = figures.requests
     return OipModelStats(
         name=figures.model_id,
@@ -364,10 +367,10 @@ def model_stats(figures: ModelStatistics) -> OipModelStats:
         inference_stats=OipInferenceStats(
             success=OipDuration(count=requests.success_count, ns=requests.success_ns),
             fail=OipDuration(count=requests.fail_count, ns=requests.fail_ns),
-            queue=_NOT_MEASURED,
-            compute_input=_NOT_MEASURED,
-            compute_infer=OipDuration(count=figures.batches, ns=figures.inference_ns),
-            compute_output=_NOT_MEASURED,
+            queue=duration(figures.queue),
+            compute_input=duration(figures.compute_input),
+            compute_infer=duration(figures.compute_infer),
+            compute_output=duration(figures.compute_output),
         ),
     )
 

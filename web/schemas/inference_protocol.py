@@ -103,12 +103,31 @@ class OipDuration(ResponseModel):
 
 
 class OipInferenceStats(ResponseModel):
-    success: OipDuration
-    fail: OipDuration
-    queue: OipDuration
-    compute_input: OipDuration
-    compute_infer: OipDuration
-    compute_output: OipDuration
+    """Triton's durations, each a count and a total in nanoseconds.
+
+    ``success`` and ``fail`` count the protocols' requests; the four others count frames
+    run (a frame is the inference core's request; live sessions' frames included), each
+    frame with its own wait and its batch's time for each part of the batch's run.
+    """
+
+    success: OipDuration = Field(
+        description="The protocols' requests that ran, and the time their callers waited."
+    )
+    fail: OipDuration = Field(
+        description="The protocols' requests that reached the core and failed, and their time."
+    )
+    queue: OipDuration = Field(
+        description="Frames run, and the time each waited in its device's queue for a batch."
+    )
+    compute_input: OipDuration = Field(
+        description="Frames run, and their batches' time copying and binding the inputs."
+    )
+    compute_infer: OipDuration = Field(
+        description="Frames run, and their batches' time in the model run."
+    )
+    compute_output: OipDuration = Field(
+        description="Frames run, and their batches' time handing the outputs back."
+    )
 
 
 class OipModelStats(ResponseModel):

@@ -497,9 +497,11 @@ PROTOCOL_OPERATIONS = (
         (Reply(200, "Sorted by name.", OipStatistics),),
         description="Triton's statistics extension from the core's own figures: "
         "`inference_count` frames and `execution_count` batches run (live sessions' "
-        "included), `success`/`fail` the protocols' requests with the time callers waited, "
-        "`compute_infer` batches and the time in model runs; `queue`, `compute_input` and "
-        "`compute_output` are not measured apart and read 0.",
+        "included), `success`/`fail` the protocols' requests with the time callers waited. "
+        "`queue`, `compute_input`, `compute_infer` and `compute_output` count the frames "
+        "run (a frame is the core's request: an N-frame request counts N) with, as Triton "
+        "counts them, each frame's own wait in its device's queue and its batch's time "
+        "copying and binding the inputs, running the model and handing the outputs back.",
         protocol_errors=True,
     ),
     *_per_version(
