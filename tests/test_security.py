@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
@@ -145,3 +146,68 @@ async def test_cors_allows_only_listed_origins(tmp_path: Path) -> None:
         other = await client.get("/avatars", headers={"Origin": "https://evil.example"})
         assert other.status == 200
         assert "Access-Control-Allow-Origin" not in other.headers
+
+
+async def _gzip_aware(request: web.Request) -> web.Response:
+    """A handler whose answer varies by something else already."""
+    return web.json_response({}, headers={"Vary": "Accept-Encoding"})
+
+
+async def _streamed(request: web.Request) -> web.StreamResponse:
+    """A handler that sends its head before it returns (as /v1/infer and the OIP do)."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b"sent")
+    return response
+
+
+async def _moved(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/avatars")  # below 400: past the error middleware, as raised
+
+
+async def test_every_answer_varies_by_origin_once_an_origin_is_allowed(tmp_path: Path) -> None:
+    """With an allow-list, whether an answer carries the CORS headers depends on Origin,
+    so a shared cache must key every answer on it: allowed, other or no origin, errors,
+    refused preflights, streamed answers, and with the handler's own Vary kept."""
+    app = build_app(_settings(tmp_path, server={"cors_origins": ["https://app.example"]}))
+    app.router.add_get("/test/gzip-aware", _gzip_aware)
+    app.router.add_get("/test/streamed", _streamed)
+    app.router.add_get("/test/moved", _moved)
+    allowed, other = {"Origin": "https://app.example"}, {"Origin": "https://evil.example"}
+    preflight = {"Access-Control-Request-Method": "POST"}
+    async with TestClient(TestServer(app)) as client:
+        for method, path, headers, status in (
+            ("GET", "/avatars", allowed, 200),
+            ("GET", "/avatars", other, 200),
+            ("GET", "/avatars", {}, 200),
+            ("GET", "/no/such/path", other, 404),
+            ("GET", "/no/such/path", {}, 404),
+            ("POST", "/offer", other, 400),  # a RequestError, as JSON
+            ("OPTIONS", "/offer", {**allowed, **preflight}, 204),
+            ("OPTIONS", "/offer", {**other, **preflight}, 405),
+            ("GET", "/test/streamed", allowed, 200),
+            ("GET", "/test/streamed", other, 200),
+            ("GET", "/test/moved", other, 302),
+        ):
+            response = await client.request(
+                method, path, headers=headers, data=b"{}", allow_redirects=False
+            )
+            what = f"{method} {path} {headers}"
+            assert response.status == status, what
+            assert response.headers.getall("Vary") == ["Origin"], what
+            cors = response.headers.get("Access-Control-Allow-Origin")
+            assert cors == (
+                allowed["Origin"] if headers.get("Origin") in allowed.values() else None
+            )
+            if status >= 400:
+                assert "error" in await response.json(), what
+        for headers in (allowed, other, {}):
+            merged = await client.get("/test/gzip-aware", headers=headers)
+            assert merged.headers.getall("Vary") == ["Accept-Encoding, Origin"]
+
+    # No origin allowed: no answer depends on it, and none says it does.
+    async with TestClient(TestServer(build_app(_settings(tmp_path)))) as client:
+        for headers in (allowed, {}):
+            response = await client.get("/avatars", headers=headers)
+            assert "Vary" not in response.headers
+            assert "Access-Control-Allow-Origin" not in response.headers

@@ -17,7 +17,7 @@ from config.settings import Settings
 from web.app_keys import DRAINING, LIVENESS, OFFER_LIMITER, SETTINGS, DrainState, Liveness
 from web.client_address import client_address_middleware
 from web.connection_guard import GUARD, ConnectionGuard
-from web.cors import cors_middleware
+from web.cors import cors_headers, cors_middleware
 from web.errors import error_middleware
 from web.rate_limit import RateLimiter
 
@@ -34,6 +34,9 @@ def edge_app(settings: Settings) -> web.Application:
             error_middleware,
         ]
     )
+    add_cors_headers = cors_headers(server.cors_origins)
+    if add_cors_headers is not None:
+        app.on_response_prepare.append(add_cors_headers)
     app[GUARD] = guard
     app[SETTINGS] = settings
     app[OFFER_LIMITER] = RateLimiter(server.offer_rate_limit_per_minute)
