@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("config", "inference_core", "compositor", "streaming", "web")
 ARCHITECTURE = REPO / "docs" / "architecture.md"
+SITE_HOOKS = REPO / "scripts" / "docs_site"
 TEXT_SUFFIXES = {".py", ".md", ".html", ".js", ".yaml", ".toml", ".sh", ".cfg"}
 MAX_MODULE_LINES = 400
 
@@ -98,18 +99,41 @@ def test_every_architecture_reference_names_a_section_that_exists() -> None:
     assert not missing, "no such section in docs/architecture.md:\n" + "\n".join(missing)
 
 
+def _generated_pages() -> set[Path]:
+    """The site's pages written at build time (``GENERATED`` in the mkdocs hooks)."""
+    hooks = ast.parse((SITE_HOOKS / "hooks.py").read_text(encoding="utf-8"))
+    for node in ast.walk(hooks):
+        if isinstance(node, ast.AnnAssign | ast.Assign) and "GENERATED" in ast.unparse(node):
+            assert isinstance(node.value, ast.Dict)
+            keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+            return {(REPO / "docs" / key).resolve() for key in keys}
+    raise AssertionError("no GENERATED table in scripts/docs_site/hooks.py")
+
+
 def test_no_reference_points_at_a_document_outside_the_repository() -> None:
     mention = re.compile(r"(?<![\w/.-])((?:\.\./|\./)?[\w./-]*[\w-]\.md)\b")
+    generated = _generated_pages()
+    assert generated
     broken = []
     for path in _repo_files():
         text = path.read_text(encoding="utf-8", errors="replace")
+        # the page generators write links relative to the page they make
+        base = REPO / "docs" / "reference" if path.parent == SITE_HOOKS else path.parent
         for match in mention.finditer(text):
             name = match.group(1)
             before = text[max(0, match.start() - 8) : match.start()]
             if "://" in before or name.startswith("http"):
                 continue
-            candidates = (path.parent / name, REPO / name, REPO / "docs" / Path(name).name)
-            if not any(c.resolve().is_relative_to(REPO) and c.is_file() for c in candidates):
+            candidates = (
+                base / name,
+                REPO / name,
+                REPO / "docs" / name,
+                REPO / "docs" / Path(name).name,
+            )
+            if not any(
+                c.resolve().is_relative_to(REPO) and (c.is_file() or c.resolve() in generated)
+                for c in candidates
+            ):
                 line = text.count("\n", 0, match.start()) + 1
                 broken.append(f"{path.relative_to(REPO)}:{line}: {name}")
     assert not broken, "references to documents not in this repository:\n" + "\n".join(broken)
