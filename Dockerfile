@@ -1,4 +1,4 @@
-# The lipstream server as a container image (docs/deployment.md, "Container").
+# The lipstream server as a container image (docs/operations/deployment.md, "Container").
 #
 #   docker build -t lipstream .            # or: podman build --format docker -t lipstream .
 #   docker run --network host -v lipstream:/var/lib/lipstream lipstream
@@ -16,7 +16,7 @@
 # with the CUDA 13 and cuDNN 9 libraries it loads, from the package index (no CUDA base
 # image: only the host's driver is needed, which --gpus or CDI mounts in), and NVML for
 # per-GPU memory. Started without a GPU it says so once and serves on the CPU
-# (devices.kind auto). docs/deployment.md, "GPU image", has the run lines and MPS notes.
+# (devices.kind auto). docs/operations/deployment.md, "GPU image", has the run lines and MPS notes.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 ARG FLAVOUR=cpu

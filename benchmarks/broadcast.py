@@ -1,4 +1,5 @@
-"""Server CPU of one speaking session's WHEP viewers and RTMP output (``docs/architecture.md`` §21).
+"""Server CPU of one speaking session's WHEP viewers and RTMP output
+(``docs/design/broadcast.md`` §21).
 
     .venv/bin/python -m benchmarks.broadcast [--viewers 0 1 4 8] [--seconds 10] [--rtmp] \\
         [--find-limit] [--remb] [--json]

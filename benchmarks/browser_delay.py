@@ -25,7 +25,7 @@ callback, as a viewer never saw it); the callback draws the frame's mouth region
 canvas and sums its darkness (the demo model draws an open dark mouth, wider the louder
 the audio). The region is the union, over the avatar's frames, of where the compositor
 puts the model's mouth: each crop rect (``rects.json``) is resized to the 328-px crop
-whose inner 320 px the model sees (``docs/architecture.md`` §3), so the model's mouth
+whose inner 320 px the model sees (``docs/design/model.md`` §3), so the model's mouth
 centre and size, in fractions of 320 (``inference_core/assets/demo_models.py``), map into
 the full frame. A frame is timed by its ``expectedDisplayTime``: when the compositor
 shows it, on the page's ``performance.now()`` clock.
@@ -669,7 +669,8 @@ RIGHT_CONTEXTS = (7, 5, 3, 1)
 
 def right_context_sweep(quiet_s: float = 20.0) -> Result:
     """Mic → heard for one quiet call per ``audio.right_context`` in :data:`RIGHT_CONTEXTS`:
-    the measured end-to-end figure of each lower-delay setting (README, docs/benchmarks.md)."""
+    the measured end-to-end figure of each lower-delay setting
+    (``docs/performance/live-calls.md``)."""
     if not CHROMIUM.exists():
         raise SystemExit(f"{CHROMIUM} is missing: apt-get install -y chromium")
     rows: list[list[object]] = []

@@ -1,7 +1,7 @@
 """How lipstream runs a real browser as a caller: Debian's Chromium, headless.
 
 Used by ``benchmarks/browser_delay.py`` and ``tests/test_demo_page.py`` (through Playwright,
-never a downloaded browser). The flags (``docs/architecture.md`` §6): fake devices
+never a downloaded browser). The flags (``docs/design/webrtc.md`` §6): fake devices
 without a permission prompt, autoplay with sound, and WebRTC over loopback.
 """
 

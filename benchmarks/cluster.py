@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.run --only cluster [--quick]
 
-Three figures (``docs/architecture.md`` §14):
+Three figures (``docs/design/cluster.md`` §14):
 
 * **placement**: the time the front takes to order the workers for a new session with
   1,000 registered avatars and 16 workers (simulated reports, each worker holding 60

@@ -10,7 +10,7 @@ datagram on loopback, to a socket another process reads, when a thread wakes eve
 calls due at the same tick), and in a tight loop. Rounds alternate the order. On the
 2-core development VM the first send after a sleep costs many times a warm one (caches
 and the kernel's path gone cold), so how many packets share a wake-up decides what a
-packet costs (``docs/benchmarks.md`` §17). Not a test.
+packet costs (``docs/performance/networks.md``). Not a test.
 """
 
 from __future__ import annotations

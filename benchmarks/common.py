@@ -45,7 +45,7 @@ class Target:
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Print a Markdown table (so it can be pasted into docs/benchmarks.md as is)."""
+    """Print a Markdown table (so it can be pasted into the docs' performance pages as is)."""
     print(f"\n### {title}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -8,7 +8,7 @@ from the load client in another process, each with a silent microphone. Once eve
 sends and the avatar's shared idle loops are built, it reads the process's CPU over a
 window and prints it per video frame sent, with the calls' mean frame rate. Where
 ``listening_profile`` looks inside one call, this shows what calls share: with several
-calls, a wake-up of the loop can serve more than one (``docs/benchmarks.md`` §17). On a
+calls, a wake-up of the loop can serve more than one (``docs/changelog.md``, issue 36). On a
 noisy 2-core VM compare runs of two trees alternating, not figures an hour apart. Not a
 test.
 """

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.run --only margin [--quick]
 
 The margin is the part of the configured delay left for features, batched inference and
-compositing after the model's lookahead and one 20 ms tick (``docs/architecture.md``
+compositing after the model's lookahead and one 20 ms tick (``docs/design/delay.md``
 §8): every millisecond of it is a millisecond every caller waits, and a frame that
 misses it goes out as the idle frame (its lip-sync lost). This benchmark finds how many
 1280×720 demo calls admission control lets in with the default settings (its own

@@ -23,8 +23,8 @@ with the server, as a compositing server on the same node would).
 
 Per-request overhead: on the demo model, one client, one frame per request, the median
 request time through each door minus the median ``session.run`` of one frame here. The
-bytes each door copies per frame are counted from its code path (``docs/architecture.md``
-§17) and printed with the figures. Not a test.
+bytes each door copies per frame are counted from its code path
+(``docs/design/inference-protocols.md`` §17) and printed with the figures. Not a test.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ loop, three ways, alternating every round:
   abs-send-time, serialised), then the DTLS transport's ``_send_rtp`` (pylibsrtp's
   protect, aioice's send);
 * ``aiortc + link``: the same, through the link's ``MediaSender.send`` (parse, history,
-  pacer, stamp) as every call's packets went before ``docs/architecture.md`` §20;
+  pacer, stamp) as every call's packets went before ``docs/design/rtp-send.md`` §20;
 * ``lipstream``: ``RtpWriter`` + ``MediaSender.send_written`` + ``SrtpSocketSend``, the
   path calls take now.
 

@@ -1,4 +1,4 @@
-"""Lazy, byte-bounded LRU cache of avatar background frames (``docs/architecture.md`` §5).
+"""Lazy, byte-bounded LRU cache of avatar background frames (``docs/design/compositing.md`` §5).
 
 Frames are loaded on first use and kept as I420 (1.5 B/px), so a 720p frame costs
 1.38 MB. The cache is shared by every session and touched from executor threads, so it

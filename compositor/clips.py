@@ -1,4 +1,5 @@
-"""Idle clips: which avatar frame output frame ``n`` of a call shows (``docs/architecture.md`` §5).
+"""Idle clips: which avatar frame output frame ``n`` of a call shows
+(``docs/design/compositing.md`` §5).
 
 An avatar package may name segments of its frames (``"clips": {"idle": [0, 60], ...}``,
 half-open ranges). A call plays one clip at a time, bouncing inside it: the ``idle`` clip

@@ -1,4 +1,4 @@
-"""The dissolve from one avatar to another when a call switches (``docs/architecture.md`` §18).
+"""The dissolve from one avatar to another when a call switches (``docs/design/switching.md`` §18).
 
 Both pictures are I420 frames (:mod:`compositor.yuv`); a linear mix of the planes is the
 mix of the pictures, so no colour conversion is needed. The outgoing avatar's frame is

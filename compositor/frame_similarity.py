@@ -1,4 +1,4 @@
-"""How alike two avatar frames look, from small grey thumbnails (``docs/architecture.md`` §5).
+"""How alike two avatar frames look, from small grey thumbnails (``docs/design/compositing.md`` §5).
 
 A clip is entered at the frame nearest to the one shown before it
 (:class:`compositor.clips.ClipPlan`); nearest means the smallest mean absolute difference

@@ -1,6 +1,6 @@
 """Paste an inferred face back into an I420 frame, with a feathered seam.
 
-The rule is ``docs/architecture.md`` §5.
+The rule is ``docs/design/compositing.md`` §5.
 
 Upstream writes the prediction into the 328 crop, resizes the crop to the face rect and
 pastes it hard; users see the edge. We blend the rect's border over ``feather_px`` pixels

@@ -1,4 +1,5 @@
-"""Which avatar frame to show next, and how much of the inferred face (``docs/architecture.md`` §5).
+"""Which avatar frame to show next, and how much of the inferred face
+(``docs/design/compositing.md`` §5).
 
 The avatar video bounces back and forth so the loop has no seam. A speech gate with a
 hangover decides when to infer; the inferred face fades in and out over a few frames
@@ -44,7 +45,7 @@ class FrameSequencer:
     The avatar frame comes from ``plan`` (default: every frame, bounced), told for each
     frame whether it shows an inferred face (``alpha > 0``): an inferred face plays over
     the speaking range, a raw frame over the chosen idle clip, so every frame a shared
-    idle loop may replace is an idle-clip frame (``docs/architecture.md`` §5).
+    idle loop may replace is an idle-clip frame (``docs/design/compositing.md`` §5).
     """
 
     def __init__(

@@ -4,7 +4,7 @@ A frame is one contiguous ``uint8`` array of shape ``(h * 3 // 2, w)``: the Y pl
 (``h × w``), then U (``h/2 × w/2``), then V (``h/2 × w/2``), each flattened in order.
 That is exactly what ``av.VideoFrame.from_ndarray(arr, format="yuv420p")`` takes, so the
 encoder needs no full-frame colour conversion; only the pasted face region is converted
-(``docs/architecture.md`` §5). Width and height must be even.
+(``docs/design/compositing.md`` §5). Width and height must be even.
 """
 
 from __future__ import annotations

@@ -321,7 +321,8 @@ class DevicesSettings(_Section):
         """Worker threads per device of ``kind``: the setting, or 2 on CUDA and 1 on CPU.
 
         On a GPU a second worker prepares the next batch while one runs; on a CPU the
-        model already uses every core, and two workers measured 10% slower (docs/).
+        model already uses every core, and two workers measured 10% slower
+        (``docs/performance/inference.md``).
         """
         if self.workers_per_device is not None:
             return self.workers_per_device
@@ -383,7 +384,8 @@ class BatchingSettings(_Section):
 
         On a GPU a batch fills the device; on a CPU a larger batch's activations spill
         out of the caches, and the demo model served 1.46x more frames/s at 8 sessions
-        with batches of 2 than of 8 (a compute-bound model is level; docs/performance.md).
+        with batches of 2 than of 8 (a compute-bound model is level;
+        ``docs/performance/inference.md``).
         """
         if self.max_batch_size is not None:
             return self.max_batch_size
@@ -540,7 +542,7 @@ class SessionSettings(_Section):
 
 
 class BroadcastSettings(_Section):
-    """Sessions watched by viewers (WHEP, ``docs/architecture.md`` §21)."""
+    """Sessions watched by viewers (WHEP, ``docs/design/broadcast.md`` §21)."""
 
     viewers_per_session: int = Field(default=50, ge=0, le=10_000)
     """Viewers one session may have at once (each costs less than a listening call: its
@@ -553,7 +555,7 @@ class BroadcastSettings(_Section):
 
 
 class OutputsSettings(_Section):
-    """Streams a session pushes out (RTMP, ``docs/architecture.md`` §21)."""
+    """Streams a session pushes out (RTMP, ``docs/design/broadcast.md`` §21)."""
 
     allow_private: bool = False
     """Whether an output may go to a loopback, private, link-local or otherwise
@@ -622,7 +624,7 @@ class LoggingSettings(_Section):
 
 
 class ClusterSettings(_Section):
-    """Worker processes on Ray behind this process's HTTP front (docs/architecture.md §14)."""
+    """Worker processes on Ray behind this process's HTTP front (docs/design/cluster.md §14)."""
 
     workers: int = Field(default=0, ge=0, le=4096)
     """Worker processes, each a full lipstream stack (its own inference core, sessions and

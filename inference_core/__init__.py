@@ -8,7 +8,7 @@
 
 Data path: PCM → :class:`AudioFeatureStream` → :class:`FrameAudio` windows; a frame's
 uint8 crop and window → ``ModelHandle.submit`` → the device's scheduler batches it with
-every other session's frames of that model → uint8 face (``docs/architecture.md`` §1).
+every other session's frames of that model → uint8 face (``docs/design/map.md`` §1).
 Imports only :mod:`config`.
 """
 

@@ -7,7 +7,7 @@
     frame_pipeline.py   the per-frame steps both share: prepare → model → compose
 
 Imports :mod:`inference_core`, :mod:`compositor` and :mod:`config`; never :mod:`web`
-(``docs/architecture.md`` §1).
+(``docs/design/map.md`` §1).
 
 The names below load on first use (PEP 562), so a process that needs one leaf module,
 such as a load-test client that imports only :mod:`streaming.webrtc.compat`, does not

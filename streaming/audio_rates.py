@@ -1,4 +1,4 @@
-"""The sample rates of a call's audio, in one place (``docs/architecture.md`` §2).
+"""The sample rates of a call's audio, in one place (``docs/design/audio-in.md`` §2).
 
 A call's audio has two rates. :data:`OUT_RATE` (48 kHz) is the rate of the mixer, the
 timeline and the Opus packets that go out: every source is brought to it once, at the

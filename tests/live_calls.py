@@ -1,7 +1,7 @@
 """What live-call tests wait for and what they count, so they hold on a loaded machine.
 
 These tests run real calls on a 2-core machine that may run another test suite or a
-benchmark at the same time (README, Development). So they never sleep a fixed time and
+benchmark at the same time (docs/operations/testing.md). So they never sleep a fixed time and
 then assert a rate: they wait for a condition with a generous timeout (:func:`until`) and
 assert counts, states and ratios, e.g. the frames that carried lip-sync against the
 frames the caller spoke (:func:`speech_frames`, :func:`frames_due`).
@@ -12,7 +12,7 @@ scheduling delays into dropped lip-sync, which is a question of speed, not of be
 tests that count lip-synced frames give the server :data:`GENEROUS_MARGIN_MS` instead.
 Even that margin is not enough when two copies of the suite run their two-call tests at
 the same moment (four calls and four in-process callers on two cores): the server then
-drops frames as it must (``docs/architecture.md`` §8). So a test checks what holds at any
+drops frames as it must (``docs/design/delay.md`` §8). So a test checks what holds at any
 speed (:func:`assert_lip_synced`): the speech gate followed the caller's speech, frames
 carried lip-sync, and every frame that did not was dropped for lateness, never for a
 fault. Whether the default budget is met is measured by ``benchmarks/delay.py`` (added

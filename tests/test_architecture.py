@@ -1,4 +1,4 @@
-"""The codebase keeps the shape docs/architecture.md describes.
+"""The codebase keeps the shape the design pages (``docs/design/``) describe.
 
 References resolve inside the repository, imports point down, no module imports itself
 through others, every package lists its public surface, and long modules say why they
@@ -22,7 +22,7 @@ SITE_HOOKS = REPO / "scripts" / "docs_site"
 TEXT_SUFFIXES = {".py", ".md", ".html", ".js", ".yaml", ".toml", ".sh", ".cfg"}
 MAX_MODULE_LINES = 400
 
-# Which top-level package may import which (docs/architecture.md §1).
+# Which top-level package may import which (docs/design/map.md §1).
 ALLOWED_IMPORTS = {
     "config": set(),
     "inference_core": {"config"},
@@ -179,7 +179,7 @@ def test_imports_point_down() -> None:
                 and target_sub not in ALLOWED_SUBPACKAGE_IMPORTS.get(source_sub, set())
             ):
                 wrong.append(f"{module} imports {imported}")
-    assert not wrong, "imports that point up or sideways (docs/architecture.md §1):\n" + "\n".join(
+    assert not wrong, "imports that point up or sideways (docs/design/map.md §1):\n" + "\n".join(
         sorted(wrong)
     )
 

@@ -113,7 +113,7 @@ def assert_same_frames(got: list[FrameAudio], want: list[FrameAudio]) -> None:
 
 
 def direct_ave(samples: np.ndarray, encode: AudioEncoder, right_context: int = 7) -> np.ndarray:
-    """docs/architecture.md §3 written out the obvious way, whole signal at once: ``[F,16,512]``."""
+    """docs/design/model.md §3 written out the obvious way, whole signal at once: ``[F,16,512]``."""
     mel = melspectrogram(samples)
     n_windows = int((len(mel) - 16) / 3.2) + 2
     windows = []

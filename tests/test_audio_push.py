@@ -1,5 +1,5 @@
 """Pushed audio: files and raw PCM of any rate and channel count become 48 kHz mono, the
-mixer's rate, with their whole band (``docs/architecture.md`` §2)."""
+mixer's rate, with their whole band (``docs/design/audio-in.md`` §2)."""
 
 from __future__ import annotations
 

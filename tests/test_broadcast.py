@@ -1,4 +1,4 @@
-"""One session, many viewers (``docs/architecture.md`` §21): the feed's rules on their own,
+"""One session, many viewers (``docs/design/broadcast.md`` §21): the feed's rules on their own,
 then sessions no caller owns and WHEP viewers on a real server with aiortc viewers."""
 
 from __future__ import annotations

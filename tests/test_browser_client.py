@@ -142,7 +142,7 @@ async def _hang_up(page: Page, server: TestServer) -> None:
 async def test_the_offer_asks_for_the_avatars_silence_as_opus_dtx(
     server: TestServer, page: Page
 ) -> None:
-    """``connect`` sends its offer through ``withOpusDtx`` (``docs/architecture.md`` §6)."""
+    """``connect`` sends its offer through ``withOpusDtx`` (``docs/design/webrtc.md`` §6)."""
     await page.evaluate(IMPORT_CLIENT, _base(server))
     head = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
     tail = "m=video 9 UDP/TLS/RTP/SAVPF 96\r\na=fmtp:96 x=1\r\n"

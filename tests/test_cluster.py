@@ -1,7 +1,7 @@
 """A front and two worker processes on a real local Ray cluster of two nodes: real aiortc
 calls through the front, placed by model affinity and room, controlled through it; a
 worker killed, a worker hung and a node lost mid-call while the other worker's call keeps
-streaming (``docs/architecture.md`` §14)."""
+streaming (``docs/design/cluster.md`` §14)."""
 
 from __future__ import annotations
 

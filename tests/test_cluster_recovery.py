@@ -1,6 +1,6 @@
 """A front whose Ray runtime dies, on a runtime that pretends (no Ray): what it does for each
 way it reached Ray, what ``/ready`` and ``/health`` say meanwhile, and that the serve loop
-exits non-zero once the front gives up (``docs/architecture.md`` §14). The real thing, a
+exits non-zero once the front gives up (``docs/design/cluster.md`` §14). The real thing, a
 ``lipstream serve --workers 2`` whose raylet is killed, is ``tests/test_cluster_runtime.py``.
 """
 

@@ -4,8 +4,8 @@ The front started the runtime; the raylet (or the dashboard agent the raylet fat
 with) is killed by the name Ray gives its process, which takes the workers down with it.
 The front must then bring the runtime and its workers back, or exit non-zero so that a
 supervisor does; what it must never do is answer ``/health`` 200 for good with nothing
-to serve (``docs/architecture.md`` §14, docs/deployment.md "What happens when things
-fail"). The front's policy on numbers is ``tests/test_cluster_recovery.py``.
+to serve (``docs/design/cluster.md`` §14, docs/operations/failure.md). The front's
+policy on numbers is ``tests/test_cluster_recovery.py``.
 """
 
 from __future__ import annotations

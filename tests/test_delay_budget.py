@@ -1,6 +1,6 @@
 """The delay budget as a caller reads it: `GET /webrtc-config` and the start-up log.
 
-One figure (``streaming.live.reporting.delay_budget``, ``docs/architecture.md`` §8),
+One figure (``streaming.live.reporting.delay_budget``, ``docs/design/delay.md`` §8),
 stated with what a browser adds on top; the `/offer` answer's copy is checked against the
 session's own figures in ``tests/test_openapi.py``.
 """

@@ -52,7 +52,7 @@ def _reference(batch: int, seed: int = 3) -> np.ndarray:
 
 
 def _mel_windows(mel: np.ndarray) -> np.ndarray:
-    """Per video frame the 80×16 mel window of docs/architecture.md §3, as ``[N, 1, 80, 16]``."""
+    """Per video frame the 80×16 mel window of docs/design/model.md §3, as ``[N, 1, 80, 16]``."""
     frames = int(len(mel) / 80 * FPS)
     starts = [min(int(3.2 * k), len(mel) - 16) for k in range(frames)]
     return np.stack([mel[s : s + 16].T for s in starts])[:, None].astype(np.float32)

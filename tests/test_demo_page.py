@@ -205,7 +205,7 @@ async def test_microphone_call_receives_h264_720p_and_lip_syncs(
     # The server keeps to the delay it states: the caller's audio goes back out the
     # configured delay after its arrival, plus what the inbound buffer held it (at most a
     # chunk and its slack, with a packet's jitter) and a late slot's catch-up. A chunk held
-    # anywhere on the way would show here (docs/architecture.md §8).
+    # anywhere on the way would show here (docs/design/delay.md §8).
     through = _session(server)["caller_audio_ms"]
     delay = _session(server)["delay_ms"]
     assert through is not None

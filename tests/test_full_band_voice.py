@@ -1,5 +1,5 @@
 """Full-band voice: audio an app brings reaches the caller with its whole band, and the lips
-move as they did (``docs/architecture.md`` §2).
+move as they did (``docs/design/audio-in.md`` §2).
 
 Pushed, spoken and streamed audio is decoded straight to the mixer's 48 kHz; the only
 conversion on the feature side is the timeline's 48 → 16 kHz. Before, it was decoded to

@@ -1,7 +1,7 @@
 """Malformed raw inference requests on every door, while a live call speaks on.
 
 Each request below is refused with its own error before the server reads or allocates
-its tensors (``docs/architecture.md`` §17), and the live call on the same core keeps
+its tensors (``docs/design/inference-protocols.md`` §17), and the live call on the same core keeps
 sending lip-synced frames all along: nothing a raw client sends can stall a call.
 """
 

@@ -1,4 +1,5 @@
-"""The live call stays composed, not wired (``docs/architecture.md`` §1, §7).
+"""The live call stays composed, not wired (``docs/design/map.md`` §1,
+``docs/design/threads.md`` §7).
 
 A newcomer follows a frame through constructor arguments: the session is a thin owner
 of a few parts, the functions of ``streaming/live`` each fit on a screen, and aiortc is

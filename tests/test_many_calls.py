@@ -10,7 +10,7 @@ by one, and a marker before every new timestamp. On loopback a datagram is lost 
 a socket's receive buffer overflows, which the kernel counts (``RcvbufErrors`` in
 ``/proc/net/snmp``), so the test allows that many missing packets and no more: any other
 gap is one the sender made. The server is at or past its limit here (a listening call
-costs about 4 ms of CPU per frame on that machine, ``docs/benchmarks.md`` §17), so it may
+costs about 4 ms of CPU per frame on that machine, ``docs/performance/networks.md``), so it may
 skip late frames (``frames_skipped``); a skipped frame is never written, so it leaves no
 sequence gap, and every frame it reports sent must have reached its caller.
 """
@@ -101,7 +101,7 @@ async def test_twenty_calls_get_every_packet_in_order(
         "max_sessions": CALLS,
         "max_connections_per_client": 4 * CALLS,
         # Admission would keep room for each call to speak all the time (the worst case,
-        # docs/architecture.md §9); these calls only listen, and the subject is the send
+        # docs/design/delay.md §9); these calls only listen, and the subject is the send
         # path with more calls than the machine holds in real time.
         "inference_ms_per_frame_estimate": 0.1,
         "cpu_ms_per_session_frame": 1.0,
@@ -145,7 +145,7 @@ async def test_twenty_calls_get_every_packet_in_order(
         # Every video frame but the one in flight at hang-up was closed by its marker.
         unclosed += len(set(video.opened[ssrc][:-1]) - video.marked[ssrc])
         # A ladder step with a lower frame rate leaves frames out: counted as sent by the
-        # track, written as nothing (docs/architecture.md §19).
+        # track, written as nothing (docs/design/link.md §19).
         written = state["frames_sent"] - state["frames_left_out"]
         report.append((written, state["frames_skipped"], len(video.marked[ssrc])))
     assert backwards == 0, report

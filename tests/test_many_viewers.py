@@ -1,6 +1,6 @@
 """Twenty WHEP viewers of one speaking session no caller owns: every viewer gets the
 session's frames, all see the same pictures from one encode, and a viewer that stops
-reading costs the others nothing (``docs/architecture.md`` §21).
+reading costs the others nothing (``docs/design/broadcast.md`` §21).
 
 The server runs in this process (``benchmarks.live_server``), the viewers in another
 (``benchmarks.whep_load``): twenty aiortc peer connections, the first

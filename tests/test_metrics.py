@@ -348,7 +348,7 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         assert frames >= 5
         assert value(live, "lipstream_frame_delay_seconds_sum") > 0
         # Every lip-synced frame is observed in every stage, and a frame's stages add up to
-        # its delay (the same timestamps, docs/architecture.md §8): the stage sums add up to
+        # its delay (the same timestamps, docs/design/delay.md §8): the stage sums add up to
         # the total's, to float rounding, far within one frame (40 ms) per frame.
         for stage in STAGES:
             assert value(live, "lipstream_frame_stage_seconds_count", stage=stage) == frames

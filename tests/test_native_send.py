@@ -1,4 +1,4 @@
-"""lipstream's own RTP send path (``docs/architecture.md`` §20): the bytes it writes are
+"""lipstream's own RTP send path (``docs/design/rtp-send.md`` §20): the bytes it writes are
 the ones aiortc's path wrote, and a real call's packets, decrypted by the caller's own
 SRTP session, are what a peer expects of them."""
 

@@ -178,7 +178,7 @@ async def test_oversized_and_flooded_offers_are_refused_fast(
         assert response.status == code, await response.text()
         assert (await response.json())["error"]["message"]
         # Not a timing assertion on the machine: the check is a single pass over text,
-        # and anything reaching aiortc would take seconds (docs/architecture.md §6); keep a
+        # and anything reaching aiortc would take seconds (docs/design/webrtc.md §6); keep a
         # wide bound.
         assert elapsed < 5.0
 

@@ -2,7 +2,7 @@
 
 Every utterance with audio ends with one ``speech_ended`` carrying ``played_ms`` and
 ``interrupted``; an interrupt ends the ones it cut first, then says ``interrupted`` with
-``played`` (``docs/apps.md``, Events; ``docs/architecture.md`` §15).
+``played`` (``docs/apps.md``, Events; ``docs/design/speech-events.md`` §15).
 
 The parts first, with chunks made and sent by hand: the mixer and its ledger make the
 chunks, a fixed number of slots later the "audio track" takes each one, and a video

@@ -1,4 +1,4 @@
-"""RTMP outputs (``docs/architecture.md`` §21) against Debian's nginx with its RTMP module:
+"""RTMP outputs (``docs/design/broadcast.md`` §21) against Debian's nginx with its RTMP module:
 what the ingest gets is read back with FFmpeg (PyAV), as a platform would take it."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_drops_are_counted_by_reason() -> None:
 def test_the_delay_budget_is_lookahead_plus_a_tick_plus_the_margin() -> None:
     budget = delay_budget(Settings())
     assert (budget.lookahead_ms, budget.tick_ms, budget.margin_ms) == (452.5, 20.0, 40.0)
-    assert budget.server_ms == 512.5  # docs/architecture.md §8
+    assert budget.server_ms == 512.5  # docs/design/delay.md §8
     low, high = budget.browser_extra_ms
     assert 0 < low < high
     shorter = Settings.model_validate(

@@ -12,7 +12,7 @@ past them (the dip's freezes and climb back, the voice at 300 kbit/s and at 5 % 
 there they are set from those runs and what Chromium → Chromium measured, and each says
 so (the issue's stricter figures are not met there);
 ``benchmarks/network.py`` runs the same scenarios beside Chromium → Chromium on the same
-link (``docs/benchmarks.md`` §16).
+link (``docs/performance/networks.md``).
 
 Root is needed (namespaces, tc, iptables), as CI has.
 """
@@ -184,7 +184,7 @@ async def test_a_300_kbit_cap_still_shows_a_lip_synced_picture(
     assert min(figures.heights) >= 270, figures
     assert figures.freezes <= 1, figures
     # Chromium → Chromium conceals 0.1 % here; lipstream 0.2–1.7 % over runs on the
-    # development VM (22 % before the link controller): docs/benchmarks.md §16.
+    # development VM (22 % before the link controller): docs/performance/networks.md.
     assert figures.audio_concealed <= 0.025, figures
     _lip_synced(run)
     # the link's rate found: the estimate over the window (a probe's lift on trial may
@@ -202,7 +202,7 @@ async def test_a_dip_costs_a_freeze_or_so_and_the_picture_comes_back(
     run = await _call(namespace, browser, server, scenario)
     _, drop, lift = run.change_ms
     # A fifth of the rate at once freezes any sender for a moment: Chromium → Chromium
-    # froze twice on this dip too (docs/benchmarks.md §16). Before the link controller the
+    # froze twice on this dip too (docs/performance/networks.md). Before the link controller the
     # picture stayed frozen for the whole dip.
     at_drop = window_figures(run.samples, drop - 1000, drop + 3000)
     assert at_drop.freezes <= 3, at_drop  # the benchmark's target: the anchor's (1-2) + 1
@@ -234,7 +234,7 @@ async def test_five_percent_loss_both_ways_is_repaired(
     assert figures.fps >= 24.5, figures
     assert figures.freezes == 0, figures
     # FEC makes up most of the lost voice: 1.3-2.1 % concealed over runs on the
-    # development VM, Chromium → Chromium 1.4 %, 4.1 % before (docs/benchmarks.md §16)
+    # development VM, Chromium → Chromium 1.4 %, 4.1 % before (docs/performance/networks.md)
     assert figures.audio_concealed <= 0.025, figures
     assert figures.nacks > 0  # and NACKs the lost video
     _lip_synced(run)

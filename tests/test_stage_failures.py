@@ -1,6 +1,6 @@
 """A stage that fails ends its call, named, while another call streams on.
 
-One rule (``docs/architecture.md`` §7): any task a session owns that ends other than by
+One rule (``docs/design/threads.md`` §7): any task a session owns that ends other than by
 cancellation ends the call, with a reason naming the stage (``<stage> failed``), counted
 in the end-reason totals, told to the caller (``session_ended`` on its data channel) and
 logged. Each test makes two real calls (aiortc callers through ``lipstream_client``) to

@@ -349,7 +349,7 @@ async def test_a_stalled_server_skips_the_callers_backlog_and_keeps_its_delay(
 ) -> None:
     """An event-loop stall mid-call: the microphone audio held back meanwhile arrives at
     once, after the timeline has moved on. It is skipped, so the call's delay is what
-    it was (docs/architecture.md §2), and nothing stays queued."""
+    it was (docs/design/audio-in.md §2), and nothing stays queued."""
     pcm, _ = speech_with_pauses(tmp_path, ("one two three four five six seven",), pause_s=3.0)
     caller = Caller(client, "demo")
     caller.keep_luma = False

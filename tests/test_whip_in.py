@@ -1,4 +1,4 @@
-"""WHIP in (``POST /whip/{avatar}``, ``docs/architecture.md`` §21): a publisher's speech
+"""WHIP in (``POST /whip/{avatar}``, ``docs/design/broadcast.md`` §21): a publisher's speech
 makes the avatar speak, watched over WHEP. The publisher here is aiortc (as a browser
 would be); GStreamer's webrtcbin publishes in ``tests/test_gstreamer_interop.py``."""
 

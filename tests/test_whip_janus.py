@@ -1,4 +1,4 @@
-"""WHIP out to a real media server (``docs/architecture.md`` §21): a session published to
+"""WHIP out to a real media server (``docs/design/broadcast.md`` §21): a session published to
 Janus's VideoRoom through ``simple-whip-server``, and watched there by a subscriber on
 Janus's own HTTP API (aiortc), as any Janus application would."""
 

@@ -1,4 +1,4 @@
-"""WHIP out (``docs/architecture.md`` §21): a session published to a WHIP endpoint. The
+"""WHIP out (``docs/design/broadcast.md`` §21): a session published to a WHIP endpoint. The
 endpoint here is a second lipstream's ``POST /whip/{avatar}``, a real one that checks
 the offer and speaks what arrives: the first avatar's voice makes the second one's
 mouth move."""

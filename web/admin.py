@@ -5,6 +5,7 @@
     POST   /admin/models/{id}/load        {"device"?: index} → Model (waits for the load)
     POST   /admin/models/{id}/unload      → Model
     POST   /admin/avatars/import          AvatarImportRequest → 201 ImportedAvatar
+                                          (200 RegisteredAvatar: see import_avatar)
     GET    /admin/stats                   {"models", "devices", "cache", "global"}
     GET    /admin/sessions                {"sessions": [SessionInfo...]}
     GET    /admin/history                 History: the charts' series (web/history.py)
@@ -31,7 +32,7 @@ from typing import cast
 
 from aiohttp import web
 
-from inference_core.avatars.package import is_inside
+from inference_core.avatars.package import is_inside, package_fingerprint
 from inference_core.exceptions import LoadTimeoutError, ModelInUseError
 from inference_core.importers import (
     ImportFailedError,
@@ -61,6 +62,7 @@ from web.schemas import (
     LoadRequest,
     Model,
     Models,
+    RegisteredAvatar,
     SessionInfo,
     Sessions,
     Stats,
@@ -72,6 +74,9 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_LOAD_BODY = 1024
 MAX_IMPORT_BODY = 4096
 IMPORT_LOCK = web.AppKey("import_lock", asyncio.Lock)
+#: An import's package fingerprints (``,``-separated) as a cluster front sends them to
+#: the workers after the first, and the one a 201 answers with (web/cluster/avatar_import.py).
+PACKAGE_HEADER = "X-Lipstream-Package"
 HISTORY = web.AppKey("admin_history", History)
 
 
@@ -149,7 +154,10 @@ async def import_avatar(request: web.Request) -> web.Response:
     """Import a folder from ``avatars.import_root`` as a new avatar and register it.
 
     The import runs in a thread (it copies frames and validates models) and one at a
-    time; a replaced avatar must not be loaded (409 until it is unloaded).
+    time; a replaced avatar must not be loaded (409 until it is unloaded). The answer
+    names the package written (:data:`PACKAGE_HEADER`); a request that names packages
+    so is answered 200 with no import when the avatar root holds one of them already: a
+    cluster's workers that share a root register the package the first one wrote.
     """
     settings = request.app[SETTINGS]
     root = settings.avatars.import_root
@@ -164,6 +172,10 @@ async def import_avatar(request: web.Request) -> web.Response:
     wanted = parse_body(AvatarImportRequest, body)
     core = request.app[CORE]
     avatars = settings.avatars.root
+    written = request.headers.get(PACKAGE_HEADER, "").split(",")
+    if package_fingerprint(avatars / wanted.id) in written:
+        core.register(wanted.id)
+        return web.json_response(RegisteredAvatar(id=wanted.id).dump())
     if (avatars / wanted.id).exists() and not wanted.replace:
         raise RequestError(
             409, "avatar_exists", f"avatar {wanted.id!r} exists; send replace: true to overwrite"
@@ -201,7 +213,8 @@ async def import_avatar(request: web.Request) -> web.Response:
         dynamic_batch=report.dynamic_batch,
         notes=report.notes,
     )
-    return web.json_response(imported.dump(), status=201)
+    headers = {PACKAGE_HEADER: package_fingerprint(report.path) or ""}
+    return web.json_response(imported.dump(), status=201, headers=headers)
 
 
 def _under(root: Path, relative: str, field: str) -> Path:

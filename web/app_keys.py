@@ -49,7 +49,7 @@ class Liveness:
     """Whether this process can still serve at all: failed once, never healthy again.
 
     A process that cannot recover (a cluster front whose Ray runtime is gone for good,
-    ``docs/architecture.md`` §14) says why with :meth:`fail`: ``GET /health`` then answers
+    ``docs/design/cluster.md`` §14) says why with :meth:`fail`: ``GET /health`` then answers
     503 with that reason, and the serve loop stops and exits non-zero, so a supervisor
     (systemd, a container runtime, Kubernetes) starts a fresh one.
     """

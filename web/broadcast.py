@@ -1,4 +1,4 @@
-"""Sessions without a caller, and their viewers over WHEP (``docs/architecture.md`` §21).
+"""Sessions without a caller, and their viewers over WHEP (``docs/design/broadcast.md`` §21).
 
 POST   /sessions                              {"avatar", "outputs"?} → a session no
                                               caller owns (201)

@@ -1,6 +1,6 @@
 """What every listener lipstream serves starts from: one process's app and a cluster front's.
 
-Both face callers the same way (``docs/architecture.md`` §12), so both are built on
+Both face callers the same way (``docs/design/failure.md`` §12), so both are built on
 :func:`edge_app`: the connection guard (a request head in time, a per-address cap), the
 caller's address behind trusted proxies, CORS for the allowed origins, and errors as
 JSON, in that order. The app also holds, from its creation, the state the offer gate

@@ -13,7 +13,7 @@ Series, keyed by ``(scope, subject, name)``:
   interval);
 - ``session`` (subject: the session id): ``fps``, ``delay_p95_ms`` (server-added delay),
   ``dropped`` (frames dropped since the call started) and ``dropped:<reason>``; and for
-  a call with a link (``docs/architecture.md`` §19) ``link_estimate_kbps``,
+  a call with a link (``docs/design/link.md`` §19) ``link_estimate_kbps``,
   ``link_sent_kbps``, ``link_loss_pct`` and ``link_rtt_ms`` (once measured);
 - ``server`` (subject ``server``): ``live_sessions``, ``speaking_sessions``,
   ``cpu_ms_per_frame`` (once admission measured it), ``shared_fps`` and ``encoded_fps``

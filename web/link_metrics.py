@@ -1,4 +1,4 @@
-"""The calls' links in ``GET /metrics`` (``docs/architecture.md`` §19).
+"""The calls' links in ``GET /metrics`` (``docs/design/link.md`` §19).
 
 What an operator asks of a fleet of calls on real networks: how many callers are on a
 constrained link and at which quality ladder step, how their estimates, round trips and

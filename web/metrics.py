@@ -13,7 +13,7 @@ Two sources, two :class:`~prometheus_client.CollectorRegistry` (no global regist
 
 Labels are bounded: device names, fixed reasons and the frame stages only: the four up to
 a frame being ready (they add up to its delay, so their ``_sum`` add up to the total's;
-``docs/architecture.md`` §8), then ``slot_wait`` and ``encode`` once it is sent. Session
+``docs/design/delay.md`` §8), then ``slot_wait`` and ``encode`` once it is sent. Session
 ids and model ids are never labels (1,200 models would be 1,200 series per metric);
 per-model figures are in the admin JSON API.
 
@@ -277,7 +277,7 @@ class SnapshotCollector(Collector):
         ended = CounterMetricFamily(
             "lipstream_sessions_ended",
             "Sessions ended, by why: asked to, a watchdog, the connection, or a stage that "
-            "failed ('<stage> failed', docs/architecture.md §7).",
+            "failed ('<stage> failed', docs/design/threads.md §7).",
             labels=["reason"],
         )
         by_reason: dict[str, int] = {}
@@ -296,7 +296,7 @@ class SnapshotCollector(Collector):
             yield GaugeMetricFamily(
                 "lipstream_cpu_seconds_per_frame",
                 "The process's CPU time per video frame sent over the last ~20 s "
-                "(what admission prices a session's frames at, docs/architecture.md §9).",
+                "(what admission prices a session's frames at, docs/design/delay.md §9).",
                 value=totals.cpu_ms_per_frame / 1000.0,
             )
         yield CounterMetricFamily(

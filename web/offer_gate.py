@@ -1,15 +1,15 @@
 """The checks an offer passes before any session is made for it, in one process or a front.
 
-In this order (``docs/architecture.md`` §12, §14): the server is not draining (503 +
-Retry-After), the caller's address is under ``server.offer_rate_limit_per_minute`` (429
-+ Retry-After), the body is within ``server.max_offer_bytes`` (413), it is JSON of an
-offer's shape (400), it carries a session token for its avatar when ``auth.jwt_secret``
-is set (401/403), and its SDP is one lipstream can answer (400). A cluster front runs
-them all before it asks any worker, so bad input costs a worker nothing and is refused
-exactly as one process refuses it. Only one process can tell whether the avatar is
-registered (a front has no inference core): it passes that check as ``avatar_known``,
-which runs after the token and before the SDP, so an unknown avatar is 404 whatever the
-SDP says.
+In this order (``docs/design/failure.md`` §12, ``docs/design/cluster.md`` §14): the
+server is not draining (503 + Retry-After), the caller's address is under
+``server.offer_rate_limit_per_minute`` (429 + Retry-After), the body is within
+``server.max_offer_bytes`` (413), it is JSON of an offer's shape (400), it carries a
+session token for its avatar when ``auth.jwt_secret`` is set (401/403), and its SDP is
+one lipstream can answer (400). A cluster front runs them all before it asks any worker,
+so bad input costs a worker nothing and is refused exactly as one process refuses it.
+Only one process can tell whether the avatar is registered (a front has no inference
+core): it passes that check as ``avatar_known``, which runs after the token and before
+the SDP, so an unknown avatar is 404 whatever the SDP says.
 """
 
 from __future__ import annotations

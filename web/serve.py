@@ -1,14 +1,14 @@
 """``lipstream serve``: the process entry, from listening to exit, for one process or a front.
 
-One serve loop runs both kinds of server (``docs/architecture.md`` §12, §14): open the
-guarded listener (and the gRPC listener of the raw inference front doors on
-``server.grpc_port``: one process's own, or a front's that relays to its workers), wait
-for SIGTERM or SIGINT (or for the app to give up, ``app[LIVENESS]``), drain, close the
-listeners, then let ``cleanup_ctx`` stop what the app started. What differs is the
-:class:`Drain`: one process waits for its own sessions to end, a front for every
-worker's. The app factories (``web/app.py``, ``web/cluster/app.py``) know nothing of this
-module, so a cluster worker, which runs the single-process app inside a Ray actor,
-imports no process entry and no signal handling.
+One serve loop runs both kinds of server (``docs/design/failure.md`` §12,
+``docs/design/cluster.md`` §14): open the guarded listener (and the gRPC listener of the
+raw inference front doors on ``server.grpc_port``: one process's own, or a front's that
+relays to its workers), wait for SIGTERM or SIGINT (or for the app to give up,
+``app[LIVENESS]``), drain, close the listeners, then let ``cleanup_ctx`` stop what the
+app started. What differs is the :class:`Drain`: one process waits for its own sessions
+to end, a front for every worker's. The app factories (``web/app.py``,
+``web/cluster/app.py``) know nothing of this module, so a cluster worker, which runs the
+single-process app inside a Ray actor, imports no process entry and no signal handling.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def log_delay(settings: Settings) -> None:
     """State the delay a caller hears: what the server adds, and what a browser adds on top.
 
     The configured figure alone reads as mic → heard, which it is not: it starts once the
-    audio is on the session's timeline (``docs/architecture.md`` §8).
+    audio is on the session's timeline (``docs/design/delay.md`` §8).
     """
     budget = delay_budget(settings)
     low, high = budget.browser_extra_ms
@@ -262,7 +262,7 @@ def log_delay(settings: Settings) -> None:
         "pipeline_margin_ms=%.1f, for a 25 fps avatar with unet_328's audio features; each "
         "session logs its own); a browser caller typically measures mic to heard %.0f-%.0f ms: "
         "its capture, jitter buffer and decoder and the server's inbound slack add %.0f-%.0f ms "
-        "(headless Chromium on loopback, docs/benchmarks.md §7)",
+        "(headless Chromium on loopback, docs/performance/live-calls.md)",
         budget.server_ms,
         budget.lookahead_ms,
         budget.tick_ms,

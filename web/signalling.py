@@ -152,7 +152,7 @@ async def avatars(request: web.Request) -> web.Response:
 async def webrtc_config(request: web.Request) -> web.Response:
     """The ICE servers browsers should use (credentials included: they are for clients),
     and the delay the server adds, stated before a caller picks an avatar
-    (``docs/architecture.md`` §8)."""
+    (``docs/design/delay.md`` §8)."""
     settings = request.app[SETTINGS]
     servers = client_ice_servers(settings)
     config = WebRtcConfig(ice_servers=servers, delay=DelayBudget.of(delay_budget(settings)))

@@ -1,5 +1,5 @@
 """The model adapter: how an avatar's crops and audio windows become a lip-sync model's
-inputs, and its output a face (``docs/architecture.md`` §3).
+inputs, and its output a face (``docs/design/model.md`` §3).
 
 :class:`AdapterSpec` is the data (sizes, mask, colour and channel order, scaling) an
 avatar manifest carries; :mod:`~inference_core.adapter.onnx_io` opens a model and binds

@@ -3,7 +3,7 @@
 What the model expects (sizes, mask, colour and channel order, scaling) comes from the
 avatar manifest's :class:`~inference_core.avatars.manifest.AdapterSpec`. The model runs
 as its serving graph, which takes the ``S×S`` BGR region of a crop and returns a BGR
-face, both uint8 (``docs/architecture.md`` §3); :class:`FaceInputBuilder` also builds
+face, both uint8 (``docs/design/model.md`` §3); :class:`FaceInputBuilder` also builds
 the float input of the model's own contract, for the raw API and for checking the graph.
 """
 

@@ -2,7 +2,7 @@
 
 Inputs are bound by shape, never by name, so exports that call their inputs
 ``input``/``audio``, ``visual_frames``/``audio_features`` or anything else load alike
-(``docs/architecture.md`` §3). Every onnxruntime failure becomes a :class:`ModelLoadError`
+(``docs/design/model.md`` §3). Every onnxruntime failure becomes a :class:`ModelLoadError`
 naming the file, and so does a requested accelerator that onnxruntime quietly replaced by
 the next provider in the list (its libraries missing: TensorRT without libnvinfer, CUDA
 without cuDNN), which would otherwise serve a GPU deployment from the CPU.

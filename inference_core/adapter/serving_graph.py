@@ -3,7 +3,7 @@
 At load, the model's float interface is wrapped in ONNX nodes that do what the adapter
 spec describes: reorder colours and channels, build the masked copy, scale to floats,
 and on the way out scale back, round, saturate and interleave. On a GPU those steps run
-on the device, so only uint8 crosses the bus (``docs/architecture.md`` §3): a 320×320
+on the device, so only uint8 crosses the bus (``docs/design/model.md`` §3): a 320×320
 BGR region is 307 KB in (the float32 six-channel input was 2.46 MB) and a face 307 KB
 out (the float32 output was 1.23 MB).
 

@@ -1,7 +1,7 @@
 """What an avatar's lip-sync model expects: the adapter parameters, as data.
 
 SyncTalk_2D ``unet_328`` (the default), Ultralight-160 or Wav2Lip-96 style models are
-described by these fields, without code changes (``docs/architecture.md`` §3). The
+described by these fields, without code changes (``docs/design/model.md`` §3). The
 manifest (:mod:`inference_core.avatars.manifest`) carries one under ``adapter``.
 """
 

@@ -1,6 +1,6 @@
 """Assets lipstream generates itself, so nothing is downloaded: the procedural demo avatar
 with its stand-in models, and the UNet benchmark model with ``unet_328``'s I/O
-(``docs/architecture.md`` §11).
+(``docs/design/avatars.md`` §11).
 
 Writes avatar packages and ONNX files; the serving core never imports it. The entry
 points hand :func:`avatar_locator` (the avatar root plus the built-in demo) to the core.

@@ -1,6 +1,6 @@
 """A UNet-shaped model with ``unet_328`` I/O and its compute cost, for benchmarks.
 
-The real lip-sync model costs ≈4.9 GMAC per frame (``docs/architecture.md`` §3). The
+The real lip-sync model costs ≈4.9 GMAC per frame (``docs/design/model.md`` §3). The
 demo stand-in in :mod:`inference_core.assets.demo_models` costs next to nothing, so
 throughput measured with it says nothing about a GPU's capacity. This model has the
 same inputs and outputs and, at the default width, the same per-frame cost, with random

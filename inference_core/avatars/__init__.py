@@ -1,5 +1,5 @@
 """Avatar packages: the on-disk format (manifest, frames, crop rects, models), finding one
-by id, and checking one (``docs/architecture.md`` §10).
+by id, and checking one (``docs/design/avatars.md`` §10).
 
 Imports :mod:`inference_core.adapter` (the manifest's adapter spec, model I/O checks);
 never the serving core or the asset generators (built-in avatars are handed to the

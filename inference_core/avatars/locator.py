@@ -1,7 +1,7 @@
 """Finding avatar packages by id: under the avatar root, or built in (the demo avatar).
 
 Ids are ``[a-z0-9_-]{1,64}`` and resolve only inside the avatar root: no ``..``, no
-absolute paths, no symlink that leads out (``docs/architecture.md`` §10). A *built-in*
+absolute paths, no symlink that leads out (``docs/design/avatars.md`` §10). A *built-in*
 avatar is one the server can generate itself on first use (the procedural demo, made by
 :mod:`inference_core.assets`); a package of the same id under the root takes precedence.
 """

@@ -14,7 +14,7 @@ Ultralight-160 or Wav2Lip-96 style models are described without code changes::
 ``clips`` (optional) names half-open ``[start, stop)`` ranges of frames: ``idle`` is what
 a call plays while silent (absent: every frame), ``speaking`` the range speech plays over
 (absent: every frame), any other name an idle clip an app may choose
-(``docs/architecture.md`` §5, §10).
+(``docs/design/compositing.md`` §5, ``docs/design/avatars.md`` §10).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from inference_core.avatars.exceptions import (
     AvatarInvalidError,
     InvalidAvatarIdError,
 )
-from inference_core.avatars.manifest import AvatarManifest, read_manifest
+from inference_core.avatars.manifest import MANIFEST_NAME, AvatarManifest, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,18 @@ def is_inside(path: Path, root: Path) -> bool:
         return path.resolve(strict=False).is_relative_to(root.resolve(strict=False))
     except (OSError, RuntimeError):  # symlink loops
         return False
+
+
+def package_fingerprint(directory: Path) -> str | None:
+    """What tells one written package from any other: its manifest file's inode, size and
+    modification time. Two processes that read the same directory (one machine's, or a
+    shared file system's) read the same; a package written elsewhere, even from the same
+    source, does not. None when there is no package there."""
+    try:
+        stat = (directory / MANIFEST_NAME).stat()
+    except OSError:
+        return None
+    return f"{stat.st_ino}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
 @dataclass(frozen=True)

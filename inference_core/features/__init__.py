@@ -1,5 +1,5 @@
 """Audio features: 16 kHz PCM (:data:`FEATURE_RATE`) in, one model audio input per video
-frame out (``docs/architecture.md`` §3).
+frame out (``docs/design/model.md`` §3).
 
 :class:`StreamingMel` makes the "ave" mel spectrogram 20 ms at a time,
 :class:`AudioEncoder` turns each 16-step mel window into 512 values, and

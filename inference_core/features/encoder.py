@@ -1,6 +1,6 @@
 """The audio encoder ("AVE"): mel windows ``[n,1,80,16]`` in, 512 features per window out.
 
-One window per video frame (``docs/architecture.md`` §3);
+One window per video frame (``docs/design/model.md`` §3);
 :mod:`inference_core.features.stream` decides which windows exist and when, this module
 only runs the ONNX model.
 """

@@ -1,6 +1,6 @@
 """The "ave" mel spectrogram that SyncTalk_2D and Wav2Lip were trained with.
 
-The recipe is ``docs/architecture.md`` §3.
+The recipe is ``docs/design/model.md`` §3.
 
 Pre-emphasis 0.97, a centred STFT (reflect padding, periodic Hann, n_fft=800, hop=200),
 magnitude → 80 Slaney mel bands (55–7600 Hz) → dB − 20 → normalised to [−4, 4].

@@ -1,6 +1,6 @@
 """Per-video-frame audio inputs for the lip-sync models, streaming and offline alike.
 
-``"ave"`` (SyncTalk_2D, ``docs/architecture.md`` §3): video frame ``m`` takes mel frames
+``"ave"`` (SyncTalk_2D, ``docs/design/model.md`` §3): video frame ``m`` takes mel frames
 ``[int(3.2m), int(3.2m)+16)`` → audio-encoder ONNX → 512 values. The list of those
 features is extended by repeating its first and last entry once, and frame ``i`` sees
 extended rows ``i−8 … i+7`` (zero rows outside the list) reshaped to ``[32,16,16]``.

@@ -4,7 +4,7 @@ stream (:mod:`~inference_core.features.stream`) and the lookahead it implies.
 A frame ``i`` of ``fps`` video sees mel windows starting at ``floor(i · 80 / fps)`` (the
 mel runs at 80 frames per second) and its speech level over half a frame either side;
 :func:`lookahead_ms` is how much audio past a frame's own time it waits for
-(``docs/architecture.md`` §3).
+(``docs/design/model.md`` §3).
 """
 
 from __future__ import annotations

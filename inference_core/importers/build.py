@@ -3,7 +3,7 @@
 Decodes the video at the avatar's fps, finds the face per frame (a detector or a rects
 file), smooths the crop track, keeps the segment whose ends move least and writes the
 frames as JPEGs into a work directory for :func:`~.writer.write_package`
-(``docs/architecture.md`` §10). ``prepare_synctalk`` writes what SyncTalk_2D's training
+(``docs/design/avatars.md`` §10). ``prepare_synctalk`` writes what SyncTalk_2D's training
 wants instead, since its models are trained per person.
 """
 

@@ -112,8 +112,8 @@ def write_package(
     if not dynamic:
         notes.append(
             "the lip-sync model has a fixed batch of 1: it works, but frames of different "
-            "sessions cannot share a run; export it with a dynamic batch axis (README, "
-            "'Bring your avatar') for cross-session batching"
+            "sessions cannot share a run; export it with a dynamic batch axis "
+            "(docs/guides/avatars.md) for cross-session batching"
         )
     report = ImportReport(
         avatar_id, final, len(source.frames), source.frame_size, model_io, dynamic, notes

@@ -1,5 +1,5 @@
 """Serving lip-sync models: devices, the model registry, a batching scheduler per device
-(``docs/architecture.md`` §4).
+(``docs/design/serving.md`` §4).
 
 :class:`InferenceCore` owns the devices, the :class:`ModelRegistry` (load on demand,
 placement, eviction) and a :class:`DeviceScheduler` per device (bounded queue,

@@ -4,7 +4,7 @@
 ``max_batch_size``) or ``max_batch_size`` itself. Every bucket is warmed at load, so no
 shape is seen first in a live call. On CUDA a batch is padded up to its bucket: a new
 shape there costs an algorithm search and a graph of its own. On CPU the exact batch
-runs, since the model's cost grows with every padded frame (``docs/architecture.md`` §4).
+runs, since the model's cost grows with every padded frame (``docs/design/serving.md`` §4).
 
 **Buffers.** Each thread that runs models (a device worker, a load thread) keeps one set
 of preallocated host arrays per input geometry, reused by every model of that geometry:

@@ -2,7 +2,7 @@
 
 The frames' uint8 regions and audio are copied into the worker thread's preallocated (on
 CUDA page-locked) buffers, the faces come back into a reused output slab, and the binding
-object is kept per buffer set, bucket and slab (``docs/architecture.md`` §4). Raw API
+object is kept per buffer set, bucket and slab (``docs/design/serving.md`` §4). Raw API
 frames (float inputs, float outputs) run with a binding made for that run alone.
 
 Each run also says what its three parts took, as Triton's statistics split a request's

@@ -5,7 +5,7 @@ CUDA ``ordinal``) or of a CPU "device" (a share of the machine's cores; several 
 devices are allowed so the core can be run and tested without a GPU).
 
 :func:`detect_devices` turns ``devices:`` settings into devices, :func:`session_config`
-gives the onnxruntime providers and options for a device (``docs/architecture.md`` §4), and a
+gives the onnxruntime providers and options for a device (``docs/design/serving.md`` §4), and a
 :class:`MemoryProbe` reports memory in use: NVML per GPU, process RSS for CPU devices.
 """
 

@@ -9,7 +9,7 @@ Completions reach a loop through its outbox: a worker appends them and schedules
 ``loop.call_soon_threadsafe`` to drain it, unless one is already waiting to run. Each such
 call wakes the loop through its self-pipe (a system call on both sides), so a batch costs
 the loop one wake-up, and batches (or expired frames) completing while the loop is busy
-cost none more (``docs/architecture.md`` §4).
+cost none more (``docs/design/serving.md`` §4).
 """
 
 from __future__ import annotations

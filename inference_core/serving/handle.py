@@ -1,7 +1,7 @@
 """A held model: what a session or a request submits frames to.
 
 ``InferenceCore.open(id)`` hands one out; while it is open the model cannot be evicted
-(``docs/architecture.md`` §4). Frames go to the scheduler of the model's device, which
+(``docs/design/serving.md`` §4). Frames go to the scheduler of the model's device, which
 batches them with every other session's frames for the same model.
 """
 

@@ -9,7 +9,7 @@ A batch runs through the model's serving graph with IOBinding
 (:class:`~inference_core.serving.batch_runs.BatchRuns`); this module splits it into runs
 the model takes and counts what they did and took, in Triton's terms: frames and batches,
 the time the frames waited in the device's queue (the scheduler reports it) and the time
-of their runs' parts (``docs/architecture.md`` §4).
+of their runs' parts (``docs/design/serving.md`` §4).
 """
 
 from __future__ import annotations

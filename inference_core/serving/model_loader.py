@@ -2,7 +2,7 @@
 
 Each device has one load thread (a single-thread executor): onnxruntime session creation
 is not safe to run concurrently on one device, and the event loop must not block
-(``docs/architecture.md`` §4). A model's memory is what the device's memory probe sees
+(``docs/design/serving.md`` §4). A model's memory is what the device's memory probe sees
 grow across its open and warm-up, never less than its ONNX file. On CPU devices every
 "device" is this process, so CPU loads are measured one at a time. The registry decides
 what to load where and when; this module only does the work, off the loop.

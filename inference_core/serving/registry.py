@@ -10,7 +10,7 @@ A load runs on its device's load thread (:mod:`~inference_core.serving.model_loa
 and is shared by every caller that asks for the model meanwhile. Placement: an explicit
 device, else the model's ``preferred_device``, else the configured strategy. When a
 device is full, idle models (held by nobody) are evicted by the configured policy; a
-held model never is (``docs/architecture.md`` §4).
+held model never is (``docs/design/serving.md`` §4).
 
 All bookkeeping happens on the event loop; only the loads, closes and memory probes run
 on the device threads. Why one module of about 500 lines: the load state machine,

@@ -3,7 +3,7 @@
 Frames from every session of a model wait together, so a worker can run them as one
 batch (cross-session dynamic batching). With hundreds of models per device batches are
 small, so the batching window is short (``max_wait_ms``, a few ms) and frames whose
-deadline passed are dropped, never run late (``docs/architecture.md`` §4).
+deadline passed are dropped, never run late (``docs/design/serving.md`` §4).
 
 How a worker picks its next batch:
 

@@ -1,6 +1,6 @@
 """What a device's :class:`~inference_core.serving.scheduler.DeviceScheduler` counts.
 
-Counting follows Triton's statistics (``docs/architecture.md`` §4): frames vs batches
+Counting follows Triton's statistics (``docs/design/serving.md`` §4): frames vs batches
 run, per-batch-size counts, per-model success/failure/expiry, busy time. Every accepted
 frame ends in exactly one bucket, so at any moment::
 

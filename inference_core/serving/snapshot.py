@@ -4,7 +4,7 @@
 returns a :class:`CoreSnapshot`: per device its model memory, limits, measured memory
 and scheduler counters (:class:`~inference_core.serving.scheduler_stats.SchedulerStats`),
 per registered model its state and usage, and the evictions so far. The admin API,
-``/metrics`` and ``/ready`` read nothing else (``docs/architecture.md`` §13), and a
+``/metrics`` and ``/ready`` read nothing else (``docs/design/failure.md`` §13), and a
 snapshot crosses a process boundary as JSON (:meth:`CoreSnapshot.to_json`,
 :meth:`CoreSnapshot.from_json`) unchanged.
 """

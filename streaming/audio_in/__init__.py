@@ -1,7 +1,7 @@
 """Audio that apps bring to a session or a render: audio files, pushed HTTP bodies, text
 turned into speech, streamed PCM. What a session gets is decoded straight to the mixer's
 48 kHz mono float32; a file for the offline render to 16 kHz for the features and 48 kHz
-for the output (``docs/architecture.md`` §2).
+for the output (``docs/design/audio-in.md`` §2).
 
 Its errors (:mod:`~streaming.audio_in.exceptions`) are not inference errors: the model
 never saw this audio. Imports :mod:`config` and the rates (:mod:`streaming.audio_rates`)

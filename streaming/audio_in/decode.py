@@ -4,7 +4,7 @@
 features; a 48 kHz copy (mono or stereo, as the source) is what goes back out to the
 listener, so output audio keeps its quality. This is the offline render's decoder; audio
 a live session gets is decoded to 48 kHz only (:mod:`~streaming.audio_in.push`,
-``docs/architecture.md`` §2).
+``docs/design/audio-in.md`` §2).
 """
 
 from __future__ import annotations

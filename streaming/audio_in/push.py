@@ -3,7 +3,7 @@
 48 kHz (:data:`~streaming.audio_rates.OUT_RATE`) is the mixer's rate and the rate of the
 Opus stream the caller hears, so a body is resampled once, straight to it, and keeps its
 whole band (up to 24 kHz); the features' 16 kHz is made later, by the session's timeline
-(``docs/architecture.md`` §2).
+(``docs/design/audio-in.md`` §2).
 
 Two kinds of body are accepted:
 

@@ -4,7 +4,7 @@ The declared format and rate are checked once, when the stream opens; each binar
 message is then checked on its own (whole samples, at most :data:`MAX_MESSAGE_S` of
 audio, finite floats) and converted exactly as a whole raw-PCM push is
 (:func:`~streaming.audio_in.push.decode_pushed_audio`): to float, clipped to [-1, 1],
-resampled to the mixer's 48 kHz (``docs/architecture.md`` §2) by a resampler that keeps
+resampled to the mixer's 48 kHz (``docs/design/audio-in.md`` §2) by a resampler that keeps
 its state between the messages of an utterance and is flushed at its end. So the same
 audio gives the same samples, and the same lip-sync, whichever way it arrives. A refused
 message leaves that state untouched.

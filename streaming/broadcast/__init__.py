@@ -1,4 +1,4 @@
-"""One session, many viewers (``docs/architecture.md`` §21).
+"""One session, many viewers (``docs/design/broadcast.md`` §21).
 
 :mod:`~streaming.broadcast.feed` keeps the H.264 frames a session sent for its viewers
 and decides, per viewer, which of them it may be sent (from an IDR on, in the frames'

@@ -6,7 +6,7 @@ payloads its encoder made (:class:`PublishedVideo` wraps the session's video sou
 viewer's track asks for the frame of its slot (:meth:`VideoFeed.frame`); the viewers of
 one session share the session's clock, so they all wait on the same publication and
 wake in one turn of the event loop, and each sends the same payloads with its own
-headers and encryption (``docs/architecture.md`` §21).
+headers and encryption (``docs/design/broadcast.md`` §21).
 
 Nothing waits for a viewer: the feed keeps the last :data:`KEPT_FRAMES` frames, a
 viewer whose slot has gone gets nothing for it, and a viewer out of the frames'

@@ -1,5 +1,5 @@
 """A session pushed to an RTMP ingest (YouTube, Twitch, nginx-rtmp, a CDN) as H.264 + AAC
-in FLV (``docs/architecture.md`` §21).
+in FLV (``docs/design/broadcast.md`` §21).
 
 The video is the session's own encode, never encoded again: on each video slot of the
 session's clock the output takes the frame the session sent from its feed, through the

@@ -5,7 +5,7 @@ session no caller owns). A viewer on a slower link is moved to a lower step of t
 ladder the calls use (``streaming/link/ladder.py``: 540p, 360p, 270p, then 15 fps), by
 its link's budget (the target its link sets, which the pacer holds it to): down as soon
 as the budget is under the step's ceiling, up once it clears the next step's by
-:data:`UP_MARGIN` (docs/architecture.md §21).
+:data:`UP_MARGIN` (docs/design/broadcast.md §21).
 
 Each step that some viewer wants is encoded once for all its viewers: the session's own
 frames are decoded once (:class:`Rungs` reads the session's feed as a viewer does, from

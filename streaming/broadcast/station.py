@@ -1,4 +1,4 @@
-"""The sender of a session no caller owns (``POST /sessions``, ``docs/architecture.md`` §21).
+"""The sender of a session no caller owns (``POST /sessions``, ``docs/design/broadcast.md`` §21).
 
 A call's tracks are pulled by its caller's peer connection, slot by slot. A callerless
 session has no such peer, so its :class:`Station` pulls them itself: the same

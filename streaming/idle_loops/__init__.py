@@ -1,5 +1,5 @@
 """Shared encoded idle loops: each avatar's idle frames H.264-encoded once, for every call
-that is not speaking (``docs/architecture.md`` §16).
+that is not speaking (``docs/design/idle-loops.md`` §16).
 
 :mod:`~streaming.idle_loops.loop` encodes one loop into RTP payloads;
 :mod:`~streaming.idle_loops.cache` builds loops in the background and keeps them within a

@@ -1,7 +1,7 @@
 """The encoded idle loops of a server, built in the background, bounded in bytes.
 
 :meth:`IdleLoopCache.get` never waits: it returns a loop that is ready, or None and
-queues its build, once however many calls ask (``docs/architecture.md`` §16). Builds run
+queues its build, once however many calls ask (``docs/design/idle-loops.md`` §16). Builds run
 one at a time on one thread of their own, at a lower CPU priority than the calls, so
 building a loop takes CPU only when the calls leave some. Loops are kept least recently
 used first out until they fit in ``max_bytes``; a call that holds an evicted loop keeps

@@ -8,7 +8,7 @@ caller of the avatar playing that clip. :func:`encode_loop` encodes them once pe
 positions (bounce position ``p`` is loop position ``p % length``), with an IDR every
 ``keyframe_every`` positions and at position 0, so a call may join at any of those
 keyframes and the loop's wrap never references a picture from its other end
-(``docs/architecture.md`` §16). The payloads come from the same packetiser a call's own
+(``docs/design/idle-loops.md`` §16). The payloads come from the same packetiser a call's own
 encoder uses, so a call only stamps its RTP headers on them.
 
 The loop is encoded with the call's live :class:`~streaming.webrtc.encoder_config.EncoderConfig`
@@ -194,7 +194,7 @@ LOOP_CRF = 26.0
 #: The loops' VBV buffer, in seconds at their rung: their IDRs, one every 0.48 s, stay
 #: within about four frames' worth of the rung (a 720p IDR of the demo avatar is 27 KB
 #: at constant quality, seven times a 1.25 Mbit/s rung's frame; a caller's jitter
-#: buffer grows with the largest frame it sees: docs/architecture.md §19).
+#: buffer grows with the largest frame it sees: docs/design/link.md §19).
 LOOP_VBV_S = 0.16
 
 

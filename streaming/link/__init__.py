@@ -1,6 +1,6 @@
 """The call's link to its caller: how much it may send, how, and at what quality.
 
-Real networks are slow, lossy and change under a call (``docs/architecture.md`` §19).
+Real networks are slow, lossy and change under a call (``docs/design/link.md`` §19).
 This package turns what a caller reports back (transport-cc feedback, REMB, receiver
 reports, NACKs) into one bandwidth estimate per call and acts on it: the pacer spreads
 the video's packets, the quality ladder picks the frame size and rate the budget buys,

@@ -2,7 +2,7 @@
 
 :class:`BandwidthEstimator` is fed the caller's feedback as the link controller reads
 it and keeps one number, :attr:`BandwidthEstimator.estimate_bps`: what the call may send
-in all, audio and video (``docs/architecture.md`` §19). It runs one of three ways,
+in all, audio and video (``docs/design/link.md`` §19). It runs one of three ways,
 chosen by what the caller sends:
 
 - **transport-cc** (browsers, when the answer offers it): per-packet arrival times; our

@@ -5,7 +5,7 @@ A :class:`LinkController` is made per call once the answer is set
 passes through it) and reads every RTCP packet the caller sends (:meth:`rtcp`) before
 aiortc does, keeping from aiortc what it now does itself: NACKs (retransmitted here,
 from a longer history), REMB and transport-cc feedback (the estimate). From the
-estimate it sets, each time it changes (``docs/architecture.md`` §19):
+estimate it sets, each time it changes (``docs/design/link.md`` §19):
 
 - the **video budget**: the estimate less the audio (:data:`AUDIO_BPS`: the voice is
   never starved for the picture) and the packets' headers;

@@ -1,6 +1,6 @@
 """Whether a link is queueing, from when our packets were sent and when they arrived.
 
-The delay-based half of the call's bandwidth estimate (``docs/architecture.md`` §19),
+The delay-based half of the call's bandwidth estimate (``docs/design/link.md`` §19),
 the scheme of Google Congestion Control (draft-ietf-rmcat-gcc-02 §5) as libwebrtc runs
 it for transport-cc feedback:
 

@@ -1,6 +1,6 @@
 """One bandwidth estimate per call, from delay, loss and what the caller says.
 
-``docs/architecture.md`` §19 explains the whole controller; this module turns what the
+``docs/design/link.md`` §19 explains the whole controller; this module turns what the
 caller's feedback says into one number, the bits per second the call may send:
 
 - **delay** — with transport-cc feedback, our own detector (:mod:`.delay_based`) drives
@@ -53,7 +53,7 @@ REMB_BELOW_SENT_S = 1.0
 #: Near the capacity last measured the rate grows by half a packet per response time
 #: (a round trip plus RESPONSE_S): about 14 kbit/s a second at a 50 ms round trip.
 #: GCC's whole packet per round trip + 100 ms refilled a 300 kbit/s link's queue every
-#: few seconds (docs/benchmarks.md §16).
+#: few seconds (docs/performance/networks.md).
 PACKET_BITS = 600 * 8
 RESPONSE_S = 0.3
 

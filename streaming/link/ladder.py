@@ -2,7 +2,7 @@
 
 When the estimate cannot carry the current picture, its bitrate goes down first; when
 that leaves the picture coarse, a smaller frame at the same bitrate looks better, and
-below the smallest, fewer frames (``docs/architecture.md`` §19). A :class:`Ladder` is a
+below the smallest, fewer frames (``docs/design/link.md`` §19). A :class:`Ladder` is a
 call's steps, from the avatar's own size down: each a frame size (a fraction of the
 avatar's, :data:`SCALES`, its aspect kept, even dimensions for 4:2:0) at the avatar's
 frame rate, and last the smallest size at :data:`LOW_FPS`.

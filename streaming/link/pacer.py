@@ -2,7 +2,7 @@
 
 An encoder hands over a whole frame at once; sent back to back, an IDR's fifty packets
 hit the bottleneck together, and a shallow policer or a short queue drops the tail
-(``docs/architecture.md`` §19). Like libwebrtc's, this pacer lets video leave at
+(``docs/design/link.md`` §19). Like libwebrtc's, this pacer lets video leave at
 :data:`PACING_FACTOR` × the video target: a frame of the target's average size takes
 ``1 / PACING_FACTOR`` of a frame interval, an IDR a few intervals.
 

@@ -3,7 +3,7 @@
 A delay-based estimate only grows about 8 % a second on its own, and a caller's REMB no
 faster, so after a dip (a train goes into a tunnel, someone else's download ends) a call
 would take tens of seconds to get its picture back. A probe asks the link directly
-(``docs/architecture.md`` §19): at least :data:`PROBE_PACKETS` packets, over at least
+(``docs/design/link.md`` §19): at least :data:`PROBE_PACKETS` packets, over at least
 :data:`PROBE_MIN_S`, sent on top of the media so that the link carries one of
 :data:`PROBE_FACTORS` × the estimate meanwhile, each stamped with its cluster. When
 their feedback is in: if most of them arrived (:data:`MIN_RECEIVED`) as fast as they

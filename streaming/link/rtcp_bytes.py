@@ -1,6 +1,6 @@
 """The RTCP a caller sends about our media, read from the compound packet's bytes.
 
-What the link controller needs of it (``docs/architecture.md`` §19): receiver reports
+What the link controller needs of it (``docs/design/link.md`` §19): receiver reports
 (RFC 3550 §6.4: fraction lost, and the round trip from LSR/DLSR), NACKs (RFC 4585
 §6.2.1), PLI and FIR (RFC 4585 §6.3.1, RFC 5104 §4.3.1), REMB
 (draft-alvestrand-rmcat-remb) and transport-wide congestion control feedback

@@ -4,7 +4,7 @@ The link controller sees every packet a call sends as the plaintext bytes aiortc
 serialised (RFC 3550 §5.1), just before they are encrypted. It reads the header without
 building an object, and writes what only the moment of sending knows into the header
 extension (RFC 8285): the absolute send time, and the transport-wide sequence number
-that transport-cc feedback refers to (``docs/architecture.md`` §19). A retransmission is
+that transport-cc feedback refers to (``docs/design/link.md`` §19). A retransmission is
 the original packet wrapped in RTX (RFC 4588 §4: the original sequence number, then the
 payload) on the retransmission stream; a padding packet carries nothing but padding.
 

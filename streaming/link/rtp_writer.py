@@ -2,7 +2,7 @@
 
 aiortc makes an ``RtpPacket`` object per packet and serialises it, and the link then
 parsed those bytes back to stamp the send time and the transport-wide sequence number
-(``docs/architecture.md`` §20). Here a stream's header is laid out once
+(``docs/design/rtp-send.md`` §20). Here a stream's header is laid out once
 (:class:`RtpWriter`): the fixed header with its SSRC and payload type, then the header
 extension with the elements the call negotiated, in aiortc's order (mid, abs-send-time)
 and transport-cc last, as the link used to add it, so the bytes are the ones the old path

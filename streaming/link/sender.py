@@ -1,7 +1,7 @@
 """Every packet a call sends passes here on its way to encryption.
 
 :meth:`MediaSender.send` stands in for the transport's send (``webrtc/compat.py`` hooks
-it, ``docs/architecture.md`` §19). For each packet it:
+it, ``docs/design/link.md`` §19). For each packet it:
 
 - lets RTCP and audio through at once (audio is never paced, never waits for video);
 - holds a video packet until the pacer lets it leave (:mod:`.pacer`), and remembers it

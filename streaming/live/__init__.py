@@ -2,7 +2,8 @@
 (:mod:`streaming.webrtc`), its :class:`LivePipeline` (mixer → timeline → renderer → send
 buffers) and the :class:`StageTasks` whose rule ends it; and the :class:`SessionManager`
 that creates sessions from offers, admits or refuses them, and reports on them
-(``docs/architecture.md`` §1, §2, §7-§9). Imports no aiortc: the peer is ``webrtc``'s.
+(``docs/design/map.md`` §1, ``docs/design/audio-in.md`` §2, ``docs/design/threads.md``
+§7, ``docs/design/delay.md`` §8-§9). Imports no aiortc: the peer is ``webrtc``'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Admission control: does one more session fit, given what the live ones cost?
 
-``docs/architecture.md`` §9: refuse a new session (503 + Retry-After) when capacity is used; never
+``docs/design/delay.md`` §9: refuse a new session (503 + Retry-After) when capacity is used; never
 degrade the sessions already running. Capacity is modelled in milliseconds of work per
 second of wall time, on two kinds of resource, plus a hard cap:
 
@@ -27,7 +27,7 @@ cores × 1000 ms × headroom. The CPU ms per frame is, in order of preference:
    on a CPU device) and what a frame sent has cost this process lately, measured
    (:class:`~streaming.live.cpu_meter.CpuMeter`: all of the process's CPU over the frames
    it sent, once enough were sent). The estimate alone let in 5 live 720p calls on the
-   2-core development VM where 3 fit (``docs/benchmarks.md`` §9); the measurement makes
+   2-core development VM where 3 fit (``docs/performance/live-calls.md``); the measurement makes
    the model hold on any machine. With NVENC the encode estimate still counts, until
    a measurement says better.
 
@@ -69,8 +69,8 @@ REFERENCE_PIXELS = 1280 * 720
 DEFAULT_FPS = 25
 DEFAULT_FRAME_SIZE = (1280, 720)
 #: CPU ms per output frame outside encoding and inference, one live 1280×720 demo call
-#: speaking all the time (2-core EPYC VM, per-thread CPU from /proc, docs/benchmarks.md
-#: §6): ≈11.8 ms per frame with superfast, less the 4.9 ms its encode costs. Audio
+#: speaking all the time (2-core EPYC VM, per-thread CPU from /proc, docs/changelog.md,
+#: the first build): ≈11.8 ms per frame with superfast, less the 4.9 ms its encode costs. Audio
 #: features, crop and paste-back are ≈1.9 ms of it; the rest is the WebRTC send path,
 #: audio and the executor hand-offs, which do not shrink with the frame.
 STAGES_CPU_MS = 7.0

@@ -1,7 +1,7 @@
 """A session's viewers: WHEP peer connections sent what the session sends.
 
 Any live session, a call or a callerless one, can be watched (``POST
-/sessions/{id}/whep``, ``docs/architecture.md`` §21). Each :class:`Viewer` is a
+/sessions/{id}/whep``, ``docs/design/broadcast.md`` §21). Each :class:`Viewer` is a
 :class:`~streaming.webrtc.peer.Peer` answered with the session's viewer media: its
 tracks run on the session's clock from the slot due when it joins, the video from the
 session's feed (the frames the session's encoder made, never encoded again), the

@@ -1,4 +1,4 @@
-"""The avatar a call shows, as one value the call can swap (``docs/architecture.md`` §18).
+"""The avatar a call shows, as one value the call can swap (``docs/design/switching.md`` §18).
 
 Everything of a call that depends on its avatar is here: the held model, the background
 frames, the crop/paste steps, the shared idle loop, the audio encoder and the clip plan

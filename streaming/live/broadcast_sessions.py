@@ -1,4 +1,4 @@
-"""Sessions no caller's call owns (``docs/architecture.md`` §21): built of the same parts
+"""Sessions no caller's call owns (``docs/design/broadcast.md`` §21): built of the same parts
 as a call (``session_parts.py``), with a :class:`~streaming.broadcast.station.Station`
 pulling their media for their viewers and outputs.
 
@@ -33,7 +33,7 @@ def open_callerless(
     remote: str | None = None,
     on_closed: Callable[[Session], None] | None = None,
 ) -> Session:
-    """A session no caller owns (``docs/architecture.md`` §21): its audio is what
+    """A session no caller owns (``docs/design/broadcast.md`` §21): its audio is what
     apps push, say or stream, its media goes to its viewers, and it runs from now
     until it is closed, or has had neither audio nor a viewer for
     ``session.idle_timeout_s``."""

@@ -1,11 +1,11 @@
 """What a frame sent really costs this process: its CPU time over the frames it sent.
 
-Admission's CPU model (``docs/architecture.md`` §9) prices a session from constants
+Admission's CPU model (``docs/design/delay.md`` §9) prices a session from constants
 measured once per preset on one machine. The live cost depends on much more (the CPU
 model and its clock that day, what else the machine runs, the callers' codecs, the
 number of calls sharing the loop), and a model that prices a call too low lets in calls
 that then all miss frames: with 4–5 admitted 720p calls on the 2-core development VM
-0–2.5% of frames were lip-synced (``docs/benchmarks.md`` §9), because the constants
+0–2.5% of frames were lip-synced (``docs/changelog.md``, issue 12), because the constants
 said 12 ms of CPU per frame where the live server spent 17–21.
 
 :class:`CpuMeter` measures that cost: the process's CPU time (every thread, user and

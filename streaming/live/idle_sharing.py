@@ -2,7 +2,7 @@
 
 A call that is not speaking shows the same pictures as every other call of its avatar
 playing the same idle clip (frame ``n`` is the clip's loop at the bounce position its
-``ClipPlan`` gives, ``docs/architecture.md`` §5), so it can send the shared, pre-encoded
+``ClipPlan`` gives, ``docs/design/compositing.md`` §5), so it can send the shared, pre-encoded
 loop of that clip instead of encoding its own (§16). A decoder can only change streams
 at an IDR, so:
 
@@ -15,7 +15,7 @@ at an IDR, so:
   the steady one at the steady loop's next keyframe and stays there: on the demo avatar
   an IDR is 23 packets and 27 KB against a P-frame's 2 and 1.7 KB, so a listening call
   sends 0.65 of the bytes and 0.70 of the packets it sent on the joining loop alone
-  (``docs/architecture.md`` §16). A call joins whichever of the two has a keyframe where
+  (``docs/design/idle-loops.md`` §16). A call joins whichever of the two has a keyframe where
   it is, the steady one first. Only a call whose link estimate is its own
   (transport-cc feedback, as every browser sends) and at the full rate settles on the
   steady loop; the link says so (``LipstreamH264Encoder.steady_idle``). Below the full
@@ -35,7 +35,7 @@ at an IDR, so:
 * a new target bitrate (the call's link) moves the call to another rung at that rung's
   next keyframe; rungs are fractions of the ladder step's bitrate, and a rung is taken
   only if its loop, as built, needs no more than the target on average (a listening
-  call on a slow link must fit it, keyframes included: ``docs/architecture.md`` §19);
+  call on a slow link must fit it, keyframes included: ``docs/design/link.md`` §19);
   when no rung fits, the call encodes its own frames at the target;
 * a step of the quality ladder is another config: the call leaves the loop (its own
   encoder makes the IDR at the new size) and joins the step's loop at its next

@@ -184,7 +184,7 @@ class SessionManager:
         return await self._admitted(avatar_id, open_call)
 
     async def create_callerless(self, avatar_id: str, remote: str | None) -> Session:
-        """A session on ``avatar_id`` no caller owns (``docs/architecture.md`` §21),
+        """A session on ``avatar_id`` no caller owns (``docs/design/broadcast.md`` §21),
         admitted as a call is; its media flows at once, to its viewers."""
 
         async def open_one(avatar: CallAvatar, shared: CallResources, session_id: str) -> Session:
@@ -274,7 +274,7 @@ class SessionManager:
 
     async def switch_avatar(self, session: Session, avatar_id: str) -> AvatarSwitched | None:
         """Show ``avatar_id`` in ``session`` from its next frame decided, with a dissolve
-        (``docs/architecture.md`` §18); None when it shows that avatar already. The new
+        (``docs/design/switching.md`` §18); None when it shows that avatar already. The new
         model loads while the call shows the old one; admission counts the call on the new
         model (the old one is released after the dissolve). Whatever fails leaves the call
         as it was: ``ShuttingDownError`` while the server stops, avatar and load errors,

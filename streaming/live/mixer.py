@@ -5,7 +5,7 @@ HTTP or spoken by text-to-speech (a queue played in real time). Each tick mixes 
 there into one chunk; silence fills the gaps, so the timeline never stalls and the
 avatar idles when nobody speaks. Both buffers are bounded: a push beyond the queue
 limit is refused, and the microphone's buffer keeps only what the network's jitter
-needs (``docs/architecture.md`` §2): the lowest level it held at the ticks of the last
+needs (``docs/design/audio-in.md`` §2): the lowest level it held at the ticks of the last
 :data:`INBOUND_WINDOW_TICKS` was never needed, so beyond a chunk and
 :data:`INBOUND_SLACK_MS` it is skipped, oldest first. After a stall (the event loop or
 the caller's network held packets back, then delivered them at once) the call is back

@@ -1,4 +1,4 @@
-"""A session's outputs: the streams it pushes out (RTMP, WHIP; ``docs/architecture.md`` §21).
+"""A session's outputs: the streams it pushes out (RTMP, WHIP; ``docs/design/broadcast.md`` §21).
 
 Each output runs as a task of its own, owned here, on the session's clock; like a
 viewer, it is sent what the session sends (its feed's frames, its audio packets) and

@@ -13,7 +13,7 @@ in afterwards. The one loop that joins them is :meth:`LivePipeline.run`: it wait
 the clock to start (the first track asking for its first slot), then hands what each
 timeline job made on: packets to the send buffers, frames to the renderer. The timeline
 runs as an async generator inside that loop, so joining the stages costs no task or
-thread hand-off of its own (``docs/architecture.md`` §1, §7).
+thread hand-off of its own (``docs/design/map.md`` §1, ``docs/design/threads.md`` §7).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class LivePipeline:
         """What the peer's tracks send, and where the caller's audio goes (the mixer).
 
         Each audio slot taken tells the utterance ledger which samples went to the caller
-        (``played_ms``, ``docs/architecture.md`` §15)."""
+        (``played_ms``, ``docs/design/speech-events.md`` §15)."""
         buffers, ledger, speech = self.buffers, self.mixer.utterances, self._speech
         arrivals, stats, now = self.mixer.chunk_arrivals, self.stats, self.clock.now
 
@@ -166,7 +166,7 @@ class LivePipeline:
             ledger.chunk_sent(index, buffers.holds_chunk(index))
             speech.audio_sent(index)
             arrived = arrivals.pop(index, None)
-            if arrived is not None:  # the caller's audio, back out (docs/architecture.md §8)
+            if arrived is not None:  # the caller's audio, back out (docs/design/delay.md §8)
                 stats.caller_audio_ms.append(1000 * (now() - arrived))
             return buffers.take_chunk(index)
 
@@ -253,7 +253,7 @@ class LivePipeline:
 
     def set_idle_clip(self, clip: str) -> str:
         """Play ``clip`` while silent, entered at the nearest frame of it from the next
-        silent frame the speech gate decides (``docs/architecture.md`` §5); returns the
+        silent frame the speech gate decides (``docs/design/compositing.md`` §5); returns the
         clip it replaces. ``ClipNotFoundError`` lists the avatar's clips."""
         plan = self.avatar.plan
         previous = plan.current_idle
@@ -276,7 +276,7 @@ class LivePipeline:
         timeout_s: float = SWITCH_APPLY_S,
     ) -> int:
         """Show ``avatar`` from the next frame the speech gate decides, dissolving from
-        the current one over ``video.switch_fade_s`` (``docs/architecture.md`` §18).
+        the current one over ``video.switch_fade_s`` (``docs/design/switching.md`` §18).
         Returns that frame's index once the timeline applied the switch; then
         ``on_shown(first)`` is called when that frame is sent, and ``on_retired(outgoing,
         first)`` when the dissolve's last frame is. Raises ``TimeoutError`` if no job

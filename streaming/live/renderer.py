@@ -1,6 +1,6 @@
 """Render tasks: each frame the sequencer wants inferred, prepared, inferred and composed.
 
-One task per frame (``docs/architecture.md`` §7): the avatar crop and the model's visual
+One task per frame (``docs/design/threads.md`` §7): the avatar crop and the model's visual
 input are prepared on the executor, the inference core runs the frame in a batch with
 other sessions' frames by its deadline (its send time less a little compositing time,
 §8), and the face is composed into the background on the executor. The composed frame
@@ -18,7 +18,7 @@ not counted again when it then fails or comes too late.
 
 Any other error in a render task (the crop, the paste, a broken frame) is a fault, not
 a drop to live with: every task's exception is retrieved, counted once (``error``) and
-reported as the ``render`` stage failing, which ends the call (``docs/architecture.md``
+reported as the ``render`` stage failing, which ends the call (``docs/design/threads.md``
 §7).
 """
 
@@ -153,7 +153,7 @@ class FrameRenderer:
 
     def switch(self, first: int, avatar: CallAvatar, fade_frames: int) -> None:
         """Frames from ``first`` on show ``avatar``, dissolving from the current one over
-        ``fade_frames`` frames (``docs/architecture.md`` §18). Called by the timeline's job
+        ``fade_frames`` frames (``docs/design/switching.md`` §18). Called by the timeline's job
         before it decides frame ``first``; the outgoing avatar stays for the frames before
         it and the dissolve, until :meth:`retire`."""
         self._avatars = (self._avatars[-1], (first, avatar))
@@ -284,7 +284,7 @@ class FrameRenderer:
     async def packet_for(self, index: int, encoder: LipstreamH264Encoder) -> av.Packet[Any]:
         """Slot ``index``'s frame (as :meth:`frame_for`) encoded by ``encoder`` into RTP
         payloads: the idle frame's fetch, the encode and the packetising are one job off
-        the loop, so a frame costs the loop one hand-off (``docs/architecture.md`` §6).
+        the loop, so a frame costs the loop one hand-off (``docs/design/webrtc.md`` §6).
 
         The next frame is encoded ahead, as soon as this one is out, when it is known
         already: composed, or decided idle by the speech gate. Then its slot only hands
@@ -337,7 +337,7 @@ class FrameRenderer:
         """Frame ``index`` is the next to go out: an idle frame (``frame`` None) as the
         shared loop's packet when the call can share it, else its encode on the executor.
         Called once per frame sent, in order. A frame a ladder step with a lower frame
-        rate leaves out is an empty packet: nothing is sent (``docs/architecture.md`` §19)."""
+        rate leaves out is an empty packet: nothing is sent (``docs/design/link.md`` §19)."""
         if not encoder.sends(index):
             self._stats.frames_left_out += 1
             return payload_packet([], index * VIDEO_CLOCK // self._fps)

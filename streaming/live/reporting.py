@@ -4,7 +4,7 @@
 dropped by reason, the added delay of the last 500 frames); :class:`SessionReport` turns
 them and the live values the session hands in into a
 :class:`~streaming.live.snapshot.SessionSnapshot`, the one view the admin API, ``/metrics``
-and ``/ready`` read (``docs/architecture.md`` §13). Rates are sampled when a snapshot is
+and ``/ready`` read (``docs/design/failure.md`` §13). Rates are sampled when a snapshot is
 taken, so the hot path pays nothing for them.
 
 :func:`delay_budget` is the one place the configured delay is computed from the settings
@@ -38,7 +38,7 @@ class FrameStages(NamedTuple):
     """Where one frame's added delay went, in seconds, stage by stage in pipeline order.
 
     Taken from the same timestamps, so the stages add up to :attr:`total`, the time from
-    the frame's audio being complete to the frame being ready (``docs/architecture.md``
+    the frame's audio being complete to the frame being ready (``docs/design/delay.md``
     §8; the stages are those of :class:`~streaming.live.snapshot.AddedDelay`). One value
     for the session's counters and the ``on_frame_ready`` hook, so they cannot disagree.
     """
@@ -71,10 +71,10 @@ SENDING: tuple[str, ...] = FrameSending._fields
 _KEPT = 500  # frames whose delays are kept
 
 #: What a caller adds to :attr:`DelayBudget.server_ms`, typically. Mic → heard measured in
-#: headless Chromium on loopback (``docs/benchmarks.md`` §7): per-run medians 57–89 ms
+#: headless Chromium on loopback (``docs/performance/live-calls.md``): per-run medians 57–89 ms
 #: above the configured delay, 67 ms over all runs (per-run p95 up to 129 ms). It is the
 #: browser's capture, Opus packetisation and send, its jitter buffer and decoder, and the
-#: server's inbound slack (at most 40 ms, ``docs/architecture.md`` §2). A real network
+#: server's inbound slack (at most 40 ms, ``docs/design/audio-in.md`` §2). A real network
 #: adds its own one-way delay and jitter on top.
 BROWSER_EXTRA_MS_TYPICAL = (60.0, 80.0)
 
@@ -86,7 +86,7 @@ class DelayBudget:
     Every frame and audio chunk goes out :attr:`server_ms` after its audio time: the
     model's lookahead, one timeline tick (the 20 ms chunk that completes the audio), and
     ``session.pipeline_margin_ms`` for features, inference and compositing
-    (``docs/architecture.md`` §8). It starts once the caller's audio is on the session's
+    (``docs/design/delay.md`` §8). It starts once the caller's audio is on the session's
     timeline, so what a caller measures mic → heard is this plus its own path
     (:data:`BROWSER_EXTRA_MS_TYPICAL`).
     """
@@ -126,10 +126,10 @@ class SessionStats:
 
     frames_inferred: int = 0
     #: Video frames sent from a shared encoded idle loop, and encoded by the call's own
-    #: encoder (``docs/architecture.md`` §16).
+    #: encoder (``docs/design/idle-loops.md`` §16).
     frames_shared: int = 0
     frames_encoded: int = 0
-    #: Frames a ladder step with a lower frame rate did not send (docs/architecture.md §19).
+    #: Frames a ladder step with a lower frame rate did not send (docs/design/link.md §19).
     frames_left_out: int = 0
     frames_dropped: dict[str, int] = field(default_factory=dict)
     processing_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_KEPT))

@@ -1,11 +1,12 @@
 """Media a session has made ahead of time, waiting for its send slot.
 
-Composed video frames (by frame index) and Opus packets (by 20 ms chunk index) are made up
-to one session delay before the tracks send them (``docs/architecture.md`` §2, §8). Each
-slot is handed out once, when its track asks for it; anything older than the slot asked
-for is no longer wanted and goes. A track that is never pulled (a caller that did not
-negotiate it) takes nothing, so every chunk made also prunes both buffers to the delay
-plus :data:`STALE_SLOTS` slots: they stay bounded whatever the tracks do.
+Composed video frames (by frame index) and Opus packets (by 20 ms chunk index) are made
+up to one session delay before the tracks send them (``docs/design/audio-in.md`` §2,
+``docs/design/delay.md`` §8). Each slot is handed out once, when its track asks for it;
+anything older than the slot asked for is no longer wanted and goes. A track that is
+never pulled (a caller that did not negotiate it) takes nothing, so every chunk made
+also prunes both buffers to the delay plus :data:`STALE_SLOTS` slots: they stay bounded
+whatever the tracks do.
 
 Not thread-safe: the event loop alone uses it.
 """

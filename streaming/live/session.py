@@ -10,7 +10,7 @@ and its viewers.
 
 ``delay`` = the model's lookahead + one 20 ms tick + ``pipeline_margin_ms``: by then a
 frame's audio is complete and it has been computed, or it is shown idle (never late;
-``docs/architecture.md`` §2, §8).
+``docs/design/audio-in.md`` §2, ``docs/design/delay.md`` §8).
 
 :meth:`Session.open` builds the parts in that order (``session_parts.py``), each with
 what it needs, and answers the offer; ``broadcast_sessions.py`` builds the same parts
@@ -270,7 +270,7 @@ class Session:
         return self.pipeline.clips
 
     def set_idle_clip(self, clip: str) -> str:
-        """Play ``clip`` while the avatar is silent, from a seam (``docs/architecture.md``
+        """Play ``clip`` while the avatar is silent, from a seam (``docs/design/compositing.md``
         §5); returns the clip it replaces. ``ClipNotFoundError`` names the clips there are.
         ``idle_clip_changed`` tells every listener, with the media time from which the
         next silent frame plays it."""
@@ -304,7 +304,7 @@ class Session:
 
     async def switch_avatar(self, avatar: CallAvatar, executor: Offload) -> AvatarSwitched:
         """Show ``avatar`` from the next frame decided, dissolving from the current one
-        (``docs/architecture.md`` §18); returns once the switch is scheduled. The outgoing
+        (``docs/design/switching.md`` §18); returns once the switch is scheduled. The outgoing
         model is released once the dissolve was sent and its frames in flight ended;
         ``avatar_changed`` goes to every listener when the first new frame is sent. The
         caller keeps ``avatar``'s model if this raises."""
@@ -349,7 +349,7 @@ class Session:
 
     async def _live(self) -> None:
         """The call's lifetime: wait for its end, then stop everything it owns, each step
-        within a bound (``docs/architecture.md`` §7). The manager hears of the end
+        within a bound (``docs/design/threads.md`` §7). The manager hears of the end
         whatever happens on the way."""
         reason = await self._tasks.ended()
         try:

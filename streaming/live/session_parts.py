@@ -1,8 +1,8 @@
 """The parts every live session is built of, call or callerless, in the order they need
-each other (``docs/architecture.md`` §1, §7): its tasks, events and speech events, the
-activity its idle watchdog reads, the pipeline, the app audio, its report, its
-audience and its outputs. :class:`~streaming.live.session.Session` adds what pulls the media: the
-caller's peer, or a callerless session's station.
+each other (``docs/design/map.md`` §1, ``docs/design/threads.md`` §7): its tasks, events
+and speech events, the activity its idle watchdog reads, the pipeline, the app audio,
+its report, its audience and its outputs. :class:`~streaming.live.session.Session` adds
+what pulls the media: the caller's peer, or a callerless session's station.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :meth:`SessionManager.snapshot() <streaming.live.manager.SessionManager.snapshot>` returns
 a :class:`SessionsSnapshot`: one :class:`SessionSnapshot` per live call (the body of
 ``GET /sessions/{id}``), totals since start-up, and the shared background-frame cache.
-The admin API, ``/metrics`` and ``/ready`` read nothing else (``docs/architecture.md``
+The admin API, ``/metrics`` and ``/ready`` read nothing else (``docs/design/failure.md``
 §13), and a snapshot crosses a process boundary as JSON unchanged.
 """
 
@@ -32,7 +32,7 @@ class AddedDelay:
     send slot: the part of the margin it did not need) and ``encode`` (its slot → its RTP
     payloads handed to aiortc: the H.264 encode and packetising, waiting for a worker
     included). For a frame sent in its slot, ``stages`` + ``slot_wait`` = one tick +
-    ``session.pipeline_margin_ms`` (``docs/architecture.md`` §8).
+    ``session.pipeline_margin_ms`` (``docs/design/delay.md`` §8).
     """
 
     p50: float
@@ -91,23 +91,23 @@ class SessionSnapshot:
     app_audio: AppAudioState
     idle_clip: str  # the clip the avatar plays while silent
     clips: list[str]  # every idle clip the avatar has
-    #: Frames a ladder step with a lower frame rate left out (docs/architecture.md §19).
+    #: Frames a ladder step with a lower frame rate left out (docs/design/link.md §19).
     frames_left_out: int = 0
     #: The caller's audio from its arrival to the same samples sent back, p50 and p95 of
     #: the last 500 chunks (ms): the configured delay plus the inbound buffer's wait
-    #: (docs/architecture.md §8); None without a caller's audio.
+    #: (docs/design/delay.md §8); None without a caller's audio.
     caller_audio_ms: dict[str, float] | None = None
     #: The call's link: estimate, target, loss, round trip, ladder step (None: VP8,
     #: aiortc's own encoder, no link; or no caller).
     link: LinkSnapshot | None = None
-    caller: bool = True  # False: a session made by POST /sessions (docs/architecture.md §21)
+    caller: bool = True  # False: a session made by POST /sessions (docs/design/broadcast.md §21)
     viewers: int = 0  # viewers watching it now (WHEP)
     outputs: int = 0  # streams it pushes out now (RTMP)
 
 
 @dataclass
 class LinkTotals:
-    """What the calls' links did since start-up (docs/architecture.md §19), ended calls'
+    """What the calls' links did since start-up (docs/design/link.md §19), ended calls'
     and live ones' together: ``/metrics`` counters."""
 
     nacks: int = 0  # NACKed packets the callers asked for
@@ -166,7 +166,7 @@ class SessionTotals:
     viewers: int = 0
     outputs: int = 0
     callerless: int = 0
-    #: The calls' links (docs/architecture.md §19).
+    #: The calls' links (docs/design/link.md §19).
     link: LinkTotals = field(default_factory=LinkTotals)
 
 

@@ -1,7 +1,7 @@
 """``speech_started`` and ``speech_ended``, told when the caller gets them, not before.
 
 An utterance reaches the session's timeline a session delay before the caller sees and
-hears it (``docs/architecture.md`` §8). Its marks (:class:`~streaming.live.utterances.Mark`)
+hears it (``docs/design/delay.md`` §8). Its marks (:class:`~streaming.live.utterances.Mark`)
 wait here until the video frame holding their media time is sent: that frame is the
 first (or last) one lip-syncing the utterance, sent together with its audio. So an app
 that starts a barge-in timer or a transcript highlight on these events is in step with

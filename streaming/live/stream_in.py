@@ -2,7 +2,7 @@
 
 Each message is decoded on arrival and queued at once, so the avatar starts speaking on
 the first one (``docs/apps.md``). Messages join the open utterance until ``end``; the
-decoder resamples them straight to the mixer's 48 kHz (``docs/architecture.md`` §2) with
+decoder resamples them straight to the mixer's 48 kHz (``docs/design/audio-in.md`` §2) with
 a resampler kept across the messages of one utterance and flushed at its end, as a whole
 push is resampled in one piece, so the mixer gets the same samples either way.
 

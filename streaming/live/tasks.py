@@ -1,7 +1,7 @@
 """The tasks of one call, by stage, and the one rule for how a call ends.
 
 Every task a session owns runs for a named stage (``timeline``, ``render``, ``encode``,
-``audio receive``, a watchdog…) and is spawned here. The rule (``docs/architecture.md``
+``audio receive``, a watchdog…) and is spawned here. The rule (``docs/design/threads.md``
 §7): **any task that ends other than by cancellation ends the call.**
 
 - A task that returns a reason (a watchdog's ``"idle"``, ``"ICE timeout"``) ends the

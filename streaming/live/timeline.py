@@ -2,7 +2,7 @@
 
 Chunk ``i`` covers timeline time ``[i·20 ms, (i+1)·20 ms)`` after the session clock's
 start and is made at the end of that interval, once the microphone has delivered it
-(``docs/architecture.md`` §2). The mixer's chunk is Opus-encoded and resampled to 16 kHz
+(``docs/design/audio-in.md`` §2). The mixer's chunk is Opus-encoded and resampled to 16 kHz
 for the feature stream in one job on the executor, off the event loop (§7); every video
 frame whose features it completes goes through the speech gate
 (:class:`~compositor.sequencer.FrameSequencer`), and a frame to infer is prepared in the
@@ -19,7 +19,7 @@ that fell behind (a busy loop, a stall, a worker queue slower than 20 ms for a w
 catches up in one round trip to the workers. Made one job per chunk, a round trip longer
 than a tick would leave it further behind at every tick, for good: frames reached
 inference seconds after their deadlines and none was lip-synced again (measured with 4
-live 720p calls on the 2-core development VM, ``docs/benchmarks.md`` §8).
+live 720p calls on the 2-core development VM, ``docs/changelog.md``, issue 12).
 
 A caller who listens sends digital silence. Once the timeline has been silent past its
 lookahead and the gate's hangover (codec settled, gate at rest), a chunk of zeros gets
@@ -29,7 +29,7 @@ one job per chunk would; meanwhile the timeline sleeps up to :data:`MAX_SILENT_N
 chunks at a time. Sound (the mixer's ``on_sound``), a switch or an interrupt wakes it:
 it makes what is due and ticks every 20 ms again. Only while the call's idle frames come
 from a shared loop (``defer_silence``): their frames are decided later
-(``docs/architecture.md`` §16).
+(``docs/design/idle-loops.md`` §16).
 
 An interrupt silences what the caller has not heard yet: the queued audio, the
 packets being made (the encoder is replaced: the old one holds speech in its look-ahead)
@@ -153,7 +153,7 @@ class AudioTimeline(Generic[T]):
 
     Every frame the speech gate wants inferred starts in the job that completes its
     features: ``prepare(step, item)`` runs there, off the loop (the renderer crops the
-    avatar frame and builds the model input, ``docs/architecture.md`` §7), and the frame
+    avatar frame and builds the model input, ``docs/design/threads.md`` §7), and the frame
     comes back on the loop with its result (:class:`DecidedFrame`). ``clock`` and
     ``sleep`` pace :meth:`jobs` (the monotonic clock of the session clock). The speech
     gate (``sequencer``) is stepped in the jobs only, one job at a time.
@@ -390,5 +390,5 @@ class AudioTimeline(Generic[T]):
     def audio_loss(self, loss: float) -> None:
         """The caller reports losing ``loss`` of our audio packets: from the next chunk
         on, the voice carries in-band FEC for it (once on, it stays on for the call, at
-        the highest loss reported: ``docs/architecture.md`` §19)."""
+        the highest loss reported: ``docs/design/link.md`` §19)."""
         self._fec_percent = max(self._fec_percent, fec_percent(loss))

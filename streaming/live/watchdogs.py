@@ -3,7 +3,7 @@
 Each watchdog is a decision of ``now`` (:class:`PeerSilence`, :class:`AudioActivity`) and a
 thin coroutine that drives it with a clock and a sleep and returns the reason once the
 call should end. The session runs these coroutines as tasks of its own, and a task that
-returns a reason ends the call (``docs/architecture.md`` §7); nothing here closes
+returns a reason ends the call (``docs/design/threads.md`` §7); nothing here closes
 anything. Tests hand in their own clock and sleep and step time by hand. The peer is
 read through :class:`WatchedPeer` (:class:`~streaming.webrtc.peer.Peer` is one).
 """
@@ -26,7 +26,7 @@ Sleep = Callable[[float], Awaitable[None]]
 # A connected peer that sends nothing for this long is gone. Every WebRTC endpoint that
 # receives media sends RTCP receiver reports every few seconds (aiortc about every 1 s),
 # so this only fires for a peer that vanished; it frees it sooner and more surely than
-# aioice's consent checks (6 failures 4-6 s apart: 27-39 s, docs/architecture.md §12).
+# aioice's consent checks (6 failures 4-6 s apart: 27-39 s, docs/design/failure.md §12).
 PEER_SILENCE_S = 15.0
 PEER_CHECK_S = 1.0
 

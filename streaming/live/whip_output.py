@@ -1,4 +1,4 @@
-"""A session published to a media server over WHIP (RFC 9725; ``docs/architecture.md`` §21).
+"""A session published to a media server over WHIP (RFC 9725; ``docs/design/broadcast.md`` §21).
 
 Janus, LiveKit ingress, MediaMTX, SRS, a cloud WHIP ingest, or another lipstream's
 ``/whip/{avatar}``: the output makes a send-only offer

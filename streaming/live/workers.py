@@ -7,7 +7,7 @@ pays it through a ``concurrent.futures.Future`` chained to an asyncio future: a 
 semaphore in ``submit``, two futures, their callbacks and state copies. Here the loop puts
 (function, arguments, its own future) on a queue, and a worker resolves that future with
 one ``call_soon_threadsafe``: one write to the loop's self-pipe, nothing else
-(``docs/architecture.md`` §7).
+(``docs/design/threads.md`` §7).
 
 :class:`MediaWorkers` is also a :class:`concurrent.futures.Executor`, so code that only
 needs an executor (``run_in_executor``, tests) can use it as one.

@@ -3,7 +3,7 @@ the :class:`Peer` that owns a caller's peer connection (the answer, its state, i
 figures, its data channel), checking offers before aiortc parses them, the caller's
 audio handed on as it arrives, the outbound tracks paced by the session clock, our
 H.264 encoder, ICE settings, and (in :mod:`~streaming.webrtc.compat`) every use of
-aiortc or aioice internals (``docs/architecture.md`` §1, §6).
+aiortc or aioice internals (``docs/design/map.md`` §1, ``docs/design/webrtc.md`` §6).
 
 Knows nothing of avatars or models; :mod:`streaming.live` builds sessions on it. The
 names below load on first use, as in :mod:`streaming`: importing

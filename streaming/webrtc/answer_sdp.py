@@ -1,7 +1,7 @@
 """What lipstream adds to aiortc's SDP answer, and reads from the caller's offer.
 
 aiortc answers with the codecs, feedback and header extensions it knows itself; two
-things a real network needs are not among them (``docs/architecture.md`` §19):
+things a real network needs are not among them (``docs/design/link.md`` §19):
 
 - **transport-cc**: when the offer has the transport-wide sequence number extension and
   ``transport-cc`` feedback, the answer names both, for audio and video. The call's link

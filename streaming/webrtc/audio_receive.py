@@ -4,7 +4,7 @@ aiortc's receiver puts audio through a jitter buffer that releases packet ``k`` 
 packet ``k + 4`` is in (80 ms of delay on every call), and after one lost packet waits
 until its 16 slots overflow and then stays full, releasing one packet per arrival: a
 single loss adds about 220 ms for the rest of the call. A live call needs neither. The
-session's mixer absorbs jitter itself (``docs/architecture.md`` §2): a packet that comes
+session's mixer absorbs jitter itself (``docs/design/audio-in.md`` §2): a packet that comes
 late leaves its tick short, the buffer rises by that much when it arrives, and slack
 that is not needed is skipped again. So :class:`ArrivalOrderAudioBuffer` hands every
 packet on at once; one older than a packet already handed on (reordered or repeated) is
@@ -20,13 +20,13 @@ them. aiortc would queue each packet to its decoder thread, which decodes to ste
 posts every frame back with ``run_coroutine_threadsafe`` (a future and a task per 20 ms)
 to the remote track, whose consumer then resamples it to mono on the loop: two thread
 hand-offs, three task wake-ups and a resampler per packet, for work the loop can do in
-50 µs (``docs/architecture.md`` §2). Packets of other codecs go aiortc's way.
+50 µs (``docs/design/audio-in.md`` §2). Packets of other codecs go aiortc's way.
 
 Opus is decoded with libopus itself (:mod:`~streaming.webrtc.opus_decoder`), so a
 lost packet costs less: when a packet arrives after a gap of at most
 :data:`MAX_CONCEALED` packets, the one just before it is rebuilt from this packet's
 in-band FEC (the answer asks callers to send it), the ones before that are concealed by
-libopus, and the mixer gets whole 20 ms for each (``docs/architecture.md`` §19). Where
+libopus, and the mixer gets whole 20 ms for each (``docs/design/link.md`` §19). Where
 no libopus loads, PyAV decodes and a lost packet's 20 ms are lost, as before.
 
 A caller that sends digital silence (a muted microphone, an app's text-to-speech track
@@ -34,11 +34,12 @@ between utterances) sends the same small Opus packet over and over. Once that pa
 has decoded to zeros twice running, the decoder is at rest on it: the same payload again
 is zeros of the same length without decoding (a listening call, issue 26).
 
-A browser's silence is not quite zeros: libopus decodes Chromium's silent microphone
-(a muted track, or with DTX its comfort-noise updates and 1-byte DTX frames) to samples
-of ±1 in 16 bits, −90 dBFS. Decoded audio within :data:`SILENCE_FLOOR` of zero is
-passed on as zeros, so such a caller gets every shortcut a digitally silent one does
-(``docs/architecture.md`` §2, §16); nothing that quiet can be heard.
+A browser's silence is not quite zeros: libopus decodes Chromium's silent microphone (a
+muted track, or with DTX its comfort-noise updates and 1-byte DTX frames) to samples of
+±1 in 16 bits, −90 dBFS. Decoded audio within :data:`SILENCE_FLOOR` of zero is passed on
+as zeros, so such a caller gets every shortcut a digitally silent one does
+(``docs/design/audio-in.md`` §2, ``docs/design/idle-loops.md`` §16); nothing that quiet
+can be heard.
 """
 
 from __future__ import annotations

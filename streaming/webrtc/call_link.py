@@ -1,4 +1,4 @@
-"""The call's link, set up on its peer connection (``docs/architecture.md`` §19).
+"""The call's link, set up on its peer connection (``docs/design/link.md`` §19).
 
 :func:`open_link` makes a call's :class:`~streaming.link.LinkController` once the answer
 is made: it reads what the two sides negotiated (the video's SSRC and its RTX stream,

@@ -8,7 +8,7 @@ stop an ICE consent task that would outlive its connection, gather only loopback
 in a sandbox, answer as the DTLS server, and say why a DTLS handshake failed. Each
 private attribute or hook used for that is listed in
 :data:`INTERNALS` and reached only through the functions here; no other module touches
-aiortc's or aioice's private state (``docs/architecture.md`` §6).
+aiortc's or aioice's private state (``docs/design/webrtc.md`` §6).
 
 :func:`missing_internals` builds a real peer connection and lists what the installed
 aiortc/aioice no longer has; ``tests/test_webrtc_compat.py`` fails naming each one, and
@@ -313,7 +313,7 @@ def sender_ssrcs(sender: RTCRtpSender) -> tuple[int, int]:
     return int(_require(sender, _SENDER_SSRC)), int(_require(sender, _SENDER_RTX_SSRC))
 
 
-# -- the call's link (docs/architecture.md §19) ----------------------------------------
+# -- the call's link (docs/design/link.md §19) ----------------------------------------
 
 
 def transport_send(transport: RTCDtlsTransport) -> Callable[[bytes], Awaitable[None]]:
@@ -345,7 +345,7 @@ def route_transport(
     _replace(transport, _DTLS_HANDLE_RTCP, handle_rtcp)
 
 
-# -- lipstream's own RTP send (docs/architecture.md §20) --------------------------------
+# -- lipstream's own RTP send (docs/design/rtp-send.md §20) --------------------------------
 
 
 class SenderLoop:
@@ -472,7 +472,7 @@ class SrtpSocketSend:
     """Sends one plaintext RTP packet on a DTLS transport's nominated UDP pair: copied
     into a buffer of its own, protected there by the transport's SRTP session, and
     handed to the socket's datagram transport; aiortc's own send makes a packet object
-    for each of those steps (``docs/architecture.md`` §20). Returns False where it
+    for each of those steps (``docs/design/rtp-send.md`` §20). Returns False where it
     cannot (a TURN relay or TCP pair, a packet too long): send it aiortc's way then.
     Raises ``ConnectionError`` once the transport is not connected, as aiortc does.
     """

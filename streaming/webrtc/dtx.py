@@ -15,7 +15,7 @@ does, which is what every browser's receiver expects:
   a TOC byte again, as libopus's comfort-noise update, which keeps the receiver's jitter
   buffer fed and its statistics alive;
 - the first chunk with sound goes out at once, on its own slot: sequence numbers go on
-  by one, the RTP timestamp jumps over the silence (``docs/architecture.md`` §6).
+  by one, the RTP timestamp jumps over the silence (``docs/design/webrtc.md`` §6).
 
 :class:`OpusDtx` decides per slot; :class:`~streaming.webrtc.tracks.AvatarAudioTrack`
 sleeps through the slots it would send nothing for, so a listening call's audio track

@@ -1,7 +1,7 @@
 """What one H.264 encoder is opened with: bitrate, level, preset and FFmpeg options.
 
 :class:`EncoderConfig` turns the ``video`` settings and a stream's frame size and fps
-into the options of libx264 or NVENC (``docs/architecture.md`` §6): constrained
+into the options of libx264 or NVENC (``docs/design/webrtc.md`` §6): constrained
 baseline, no B-frames, no lookahead, a keyframe interval, a VBV buffer of
 :data:`VBV_S` at the rate the codec is opened with (so no frame, an IDR included, holds
 more than the link drains in a few frame times: §19), the preset (mapped to NVENC's
@@ -67,7 +67,7 @@ _NVENC_PRESETS: dict[str, str] = {
 #: largest frame for minutes), so on a 300 kbit/s link a 0.3 s buffer held its video
 #: 250 ms back; 0.15 s keeps a 720p IDR of the demo avatar at 18 KB at 1.3 Mbit/s and
 #: 6.4 KB at 450 kbit/s, for 7-16 % less than the target on average
-#: (docs/benchmarks.md §16).
+#: (docs/performance/networks.md).
 VBV_S = 0.15
 #: The least bitrate a stream is given, whatever the estimate (bits per second).
 MIN_BITRATE = 30_000
@@ -121,7 +121,7 @@ class EncoderConfig:
     profile: str = "baseline"
     threads: int = 1
     #: libx264 only: constant quality (CRF) capped at the bitrate, instead of the bitrate
-    #: itself (the shared idle loops, ``docs/architecture.md`` §16); None = the bitrate.
+    #: itself (the shared idle loops, ``docs/design/idle-loops.md`` §16); None = the bitrate.
     crf: float | None = None
     #: The VBV buffer, in seconds at the rate the codec is opened with.
     vbv_s: float = VBV_S
@@ -186,7 +186,7 @@ class EncoderConfig:
     def at_step(self, scale: float, fps: int) -> EncoderConfig:
         """This stream at a step of the quality ladder: the frame scaled by ``scale``
         (even sides), ``fps`` frames a second, the bitrate scaled by the pixel rate and
-        the keyframe interval kept in seconds (``docs/architecture.md`` §19)."""
+        the keyframe interval kept in seconds (``docs/design/link.md`` §19)."""
         width = max(2, 2 * round(self.width * scale / 2))
         height = max(2, 2 * round(self.height * scale / 2))
         if (width, height, fps) == (self.width, self.height, self.fps):

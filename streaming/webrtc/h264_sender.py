@@ -1,4 +1,4 @@
-"""A sender made to send H.264 with lipstream's encoder (``docs/architecture.md`` §6).
+"""A sender made to send H.264 with lipstream's encoder (``docs/design/webrtc.md`` §6).
 
 H.264 is preferred before the caller's offer is applied (:func:`prefer_h264`), the
 codec aiortc negotiated is read (:func:`negotiated_codec`), and the sender is given a

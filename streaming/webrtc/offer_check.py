@@ -2,10 +2,10 @@
 
 aiortc parses whatever it is given: a 906 KiB offer with 15,000 candidates stalls the
 event loop for about 20 s, and malformed offers raise from deep inside it or leave
-internal tasks failing later (``docs/architecture.md`` §6). So first the raw text is checked against
-size limits in one pass (microseconds, whatever the offer), then it is parsed with
-aiortc's own SDP parser and every section we would answer is checked for what a
-connection needs. A bad offer is refused before a peer connection exists.
+internal tasks failing later (``docs/design/webrtc.md`` §6). So first the raw text is
+checked against size limits in one pass (microseconds, whatever the offer), then it is
+parsed with aiortc's own SDP parser and every section we would answer is checked for
+what a connection needs. A bad offer is refused before a peer connection exists.
 """
 
 from __future__ import annotations

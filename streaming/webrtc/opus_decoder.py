@@ -4,7 +4,7 @@ A caller on a lossy uplink loses some of its 20 ms voice packets. Opus can carry
 coarse copy of each frame inside the next packet (in-band FEC, RFC 6716 §2.1.7), and the
 answer asks callers to send it (``useinbandfec=1``, ``webrtc/answer_sdp.py``);
 FFmpeg's Opus decoders cannot read it. So the receive path decodes with libopus itself, through
-``ctypes`` (``docs/architecture.md`` §19): when a packet arrives after a gap, the frame
+``ctypes`` (``docs/design/link.md`` §19): when a packet arrives after a gap, the frame
 just before it is decoded from its FEC (``decode_fec``), any earlier missing frames are
 concealed by libopus (packet loss concealment), then the packet itself is decoded, all
 on the one decoder, as libopus requires.

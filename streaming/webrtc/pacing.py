@@ -2,7 +2,7 @@
 
 Video frame ``n`` (the face for audio time ``n/fps``) and audio chunk ``m`` (audio time
 ``m·20 ms``) are both handed to aiortc at ``start + delay + their audio time``
-(``docs/architecture.md`` §8). The clock starts when the first track asks for its first
+(``docs/design/delay.md`` §8). The clock starts when the first track asks for its first
 slot; the session's timeline waits for that moment (:meth:`SessionClock.wait_started`)
 rather than being called from it.
 

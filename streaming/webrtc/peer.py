@@ -1,8 +1,8 @@
 """One caller's peer connection, and the one object that owns it.
 
 A :class:`Peer` answers the caller's offer and holds the ``RTCPeerConnection`` for the
-rest of the call; nothing else in lipstream touches it (``docs/architecture.md`` §1, §6).
-It owns:
+rest of the call; nothing else in lipstream touches it (``docs/design/map.md`` §1,
+``docs/design/webrtc.md`` §6). It owns:
 
 - **the answer**: the avatar's tracks (:class:`~streaming.webrtc.tracks.AvatarVideoTrack`,
   :class:`~streaming.webrtc.tracks.AvatarAudioTrack` when the offer has an audio
@@ -17,7 +17,7 @@ It owns:
   encoder's target bitrate, what each track has sent;
 - **the data channel** a caller opens for the session's events
   (:mod:`~streaming.webrtc.data_channel`);
-- **the call's link** (``webrtc/call_link.py``, ``docs/architecture.md`` §19): every
+- **the call's link** (``webrtc/call_link.py``, ``docs/design/link.md`` §19): every
   packet in and out passes through it; the answer asks for Opus in-band FEC.
 
 Its tasks (received tracks drained, data channels served) are the call's, spawned
@@ -162,7 +162,7 @@ def transport_packets(stats: Iterable[Any]) -> int:
 
 
 def _unanswerable(exc: Exception) -> OfferError:
-    # aiortc raises many types on a bad SDP (docs/architecture.md §6)
+    # aiortc raises many types on a bad SDP (docs/design/webrtc.md §6)
     return OfferError(f"the offer cannot be answered: {exc!r}"[:500])
 
 
@@ -256,7 +256,7 @@ class Peer:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as exc:
             raise _unanswerable(exc) from exc
-        answer_as_dtls_server(pc)  # a=setup:passive to actpass (docs/architecture.md §6)
+        answer_as_dtls_server(pc)  # a=setup:passive to actpass (docs/design/webrtc.md §6)
         try:
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:

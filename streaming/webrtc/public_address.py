@@ -6,7 +6,7 @@ cannot reach them. With ``server.ice_public_address`` set, every host candidate 
 answer gets a twin at that address and the same port, one step lower in priority (a
 caller on the same network still prefers the direct one). Connectivity checks sent to
 the twin arrive, through the NAT, at the socket the original candidate names, and ICE
-answers them as usual (``docs/architecture.md`` §6). A STUN server in
+answers them as usual (``docs/design/webrtc.md`` §6). A STUN server in
 ``server.ice_servers`` finds the same address by itself; this needs none.
 """
 

@@ -1,7 +1,7 @@
 """lipstream as a WHIP publisher: a session sent to a media server that takes WHIP.
 
 Where a caller's :class:`~streaming.webrtc.peer.Peer` answers an offer, a
-:class:`Publisher` makes one (``docs/architecture.md`` §21): H.264 video and Opus
+:class:`Publisher` makes one (``docs/design/broadcast.md`` §21): H.264 video and Opus
 audio, send-only, from the session's tracks on its clock (a viewer's media: the
 session's own payloads, never encoded again), with everything gathered in it (no
 trickle). Its owner posts the offer (:mod:`streaming.broadcast.whip_out`) and hands the

@@ -1,4 +1,4 @@
-"""The caller's RTP, handled in the socket's callback (``docs/architecture.md`` §20).
+"""The caller's RTP, handled in the socket's callback (``docs/design/rtp-send.md`` §20).
 
 aioice puts every datagram that is not STUN on a queue, and the DTLS transport's receive
 task wakes for each one to unprotect it, parse it, route it and await its receiver. For

@@ -1,10 +1,10 @@
-"""A call's RTP loops, ours in place of aiortc's (``docs/architecture.md`` §20).
+"""A call's RTP loops, ours in place of aiortc's (``docs/design/rtp-send.md`` §20).
 
 aiortc's sender loop takes the track's next frame, makes an ``RtpPacket`` object for each
 of its payloads, serialises it and awaits the transport's send, which encrypts it
 through pylibsrtp (two copies) and awaits aioice's send, for every packet. On a
 listening call, that per-packet work was most of what the call cost
-(``docs/performance.md``). :func:`run_rtp_loop` is the loop each of the call's senders
+(``docs/performance/networks.md``). :func:`run_rtp_loop` is the loop each of the call's senders
 runs instead (:func:`~streaming.webrtc.compat.run_rtp_with`): the same track, the same
 packetiser (``aiortc``'s ``pack``, which our encoder fills), then our writer lays the
 packets out in bytes (:class:`~streaming.link.rtp_writer.RtpWriter`), the link paces and

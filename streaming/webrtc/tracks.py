@@ -39,7 +39,7 @@ OPUS_BITRATE = 48_000
 
 
 #: What a track does when its source fails: told the stage and the error (the session
-#: ends the call, ``docs/architecture.md`` §7).
+#: ends the call, ``docs/design/threads.md`` §7).
 OnFailure = Callable[[str, BaseException], None]
 
 
@@ -166,7 +166,7 @@ class OpusChunkEncoder:
     packets differ in rate control from those of one that encoded it; what is heard
     differs far less than the codec's own error (``tests/test_media_tracks.py``).
 
-    With ``fec_percent`` (the loss the caller reports, ``docs/architecture.md`` §19) the
+    With ``fec_percent`` (the loss the caller reports, ``docs/design/link.md`` §19) the
     encoder adds in-band FEC for that much loss: libopus's ``voip`` mode (its SILK and
     hybrid frames carry FEC; ``lowdelay`` is CELT only and cannot), 4 ms more codec
     delay, only for calls whose caller loses packets.
@@ -186,7 +186,7 @@ class OpusChunkEncoder:
         # against 11.9 for "voip"), 4 ms sooner (2.5 ms of codec delay against 6.4) and
         # for less than half the CPU (0.097 ms per chunk against 0.222 on the
         # development VM). Unconstrained, libopus spent 90 kbit/s on that speech
-        # (22.8 dB): a voice twice what the link's estimate leaves it (docs/architecture.md
+        # (22.8 dB): a voice twice what the link's estimate leaves it (docs/design/link.md
         # §19).
         codec.options = {
             "application": "lowdelay",

@@ -2,11 +2,11 @@
 
 aiortc encodes H.264 with libx264 at its own fixed settings (no preset, so x264's
 "medium"; 1 Mbit/s clamped to 0.5–3 Mbit/s; a 1/30 s time base). That costs ≈14 ms per
-720p frame on a 2-core CPU (``docs/architecture.md`` §6), too much with many sessions
+720p frame on a 2-core CPU (``docs/design/webrtc.md`` §6), too much with many sessions
 per machine. This module keeps aiortc's H.264 packetizer by subclassing its
 ``H264Encoder``, opens the codec with our options instead
 (:mod:`~streaming.webrtc.encoder_config`), lets the call's link steer its bitrate and
-picture (``docs/architecture.md`` §19), and picks NVENC when a GPU can run it; a sender
+picture (``docs/design/link.md`` §19), and picks NVENC when a GPU can run it; a sender
 is given it by :mod:`~streaming.webrtc.h264_sender` (no global patching of aiortc).
 
 Per session, with aiortc 1.16, the order matters::
@@ -54,14 +54,14 @@ _QP2LAMBDA = 118
 #: the new rate) when the target rises above the rate opened at (no sooner than a
 #: second after the last IDR), and when it falls under REOPEN_BELOW × the target it was
 #: opened for: x264 would otherwise go on at up to twice the new target for a second or
-#: two, on a link that just said it cannot carry it (docs/architecture.md §19).
+#: two, on a link that just said it cannot carry it (docs/design/link.md §19).
 HEADROOM = 2.0
 REOPEN_BELOW = 0.7
 
 
 class LipstreamH264Encoder(H264Encoder):
     """aiortc's H.264 encoder opened with an :class:`EncoderConfig`, steered by the
-    call's link (``docs/architecture.md`` §19).
+    call's link (``docs/design/link.md`` §19).
 
     aiortc's packetizer and ``encode()`` are inherited. The call's link controller sets
     the target bitrate and the quality ladder's step (:meth:`set_link`): small moves of the
@@ -164,7 +164,7 @@ class LipstreamH264Encoder(H264Encoder):
         Returns an empty ``av.Packet`` stamped with the frame's RTP time (1/90000) whose
         ``opaque`` holds the RTP payloads; :meth:`pack` hands them to aiortc's sender, so
         the loop does no H.264 work and no thread hand-off of its own for the frame
-        (``docs/architecture.md`` §6). Frames of one stream are encoded one at a time, in
+        (``docs/design/webrtc.md`` §6). Frames of one stream are encoded one at a time, in
         order (the video track awaits each before asking for the next).
         """
         force, self._keyframe_wanted = self._keyframe_wanted, False
@@ -249,7 +249,7 @@ class LipstreamH264Encoder(H264Encoder):
 
     def _follow_source(self, width: int, height: int) -> None:
         """Frames of another size than the avatar's: the call switched to an avatar of
-        that size (``docs/architecture.md`` §18); the step applies to it."""
+        that size (``docs/design/switching.md`` §18); the step applies to it."""
         top = self._top
         if (width, height) in ((top.width, top.height), (self._config.width, self._config.height)):
             return

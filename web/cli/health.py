@@ -1,5 +1,5 @@
 """``lipstream health``: is the server on this machine answering? For container and
-service health checks (the Dockerfile's HEALTHCHECK, docs/deployment.md).
+service health checks (the Dockerfile's HEALTHCHECK, docs/operations/deployment.md).
 
 It asks ``GET /health`` of the server the settings describe (``server.host`` and
 ``server.port``; a wildcard host such as ``0.0.0.0`` is asked on loopback) or of

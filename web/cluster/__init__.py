@@ -1,4 +1,4 @@
-"""Many worker processes behind one HTTP front, on Ray (``docs/architecture.md`` §14).
+"""Many worker processes behind one HTTP front, on Ray (``docs/design/cluster.md`` §14).
 
 ``placement`` (where a session goes, and which worker a session id names), ``worker``
 (one lipstream server as a Ray actor), ``runtime`` (Ray in the front's process: started,

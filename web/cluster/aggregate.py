@@ -4,7 +4,7 @@ Each view asks every answering worker at once, each within ``cluster.report_time
 (a slow worker never holds the answer up: it is listed under ``unavailable``), and adds
 who answered: ``worker`` and ``node`` fields in the admin JSON, ``worker`` and ``node``
 labels on every Prometheus series (never per-model or per-session labels,
-``docs/architecture.md`` §14).
+``docs/design/cluster.md`` §14).
 
 - ``GET /admin/sessions``: every worker's sessions, each with its worker and node.
 - ``GET /admin/models``: every worker's models, each with its worker and node; the same

@@ -1,7 +1,7 @@
 """The front's HTTP app: the same API as one process, served by workers behind it.
 
 ``lipstream serve`` with ``cluster.workers: N`` runs this app instead of the single-process
-one (``docs/architecture.md`` §14):
+one (``docs/design/cluster.md`` §14):
 
 - ``POST /offer`` is checked here by the same gate as in one process
   (``web/offer_gate.py``: draining, the per-address rate limit, the body cap, the JSON,
@@ -21,7 +21,8 @@ one (``docs/architecture.md`` §14):
   ``/ready`` (200 while at least one worker answers, the runtime is there and the front is
   not draining) and ``/admin/workers`` (each worker's last report) are the front's own;
   ``/admin/sessions``, ``/admin/models``, ``/admin/stats``, ``/admin/history``, model loads
-  and unloads, and ``/metrics`` cover every worker (``web/cluster/aggregate.py``).
+  and unloads, and ``/metrics`` cover every worker (``web/cluster/aggregate.py``); an
+  avatar import goes to every worker in turn (``web/cluster/avatar_import.py``).
 - Anything else (the demo page, the admin page, ``/avatars``, ``/webrtc-config``) goes to
   a worker that answers.
 
@@ -46,7 +47,7 @@ from config.settings import Settings
 from streaming.exceptions import SessionLimitError
 from web.admin_auth import Handler, admin_denial, admin_only
 from web.app_keys import DRAINING, LIVENESS, SETTINGS
-from web.cluster import aggregate
+from web.cluster import aggregate, avatar_import
 from web.cluster import inference_protocol as v2
 from web.cluster.front import ClusterFront
 from web.cluster.placement import WorkerState, candidates, parse_session_id
@@ -116,6 +117,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
         "/admin/models/{model_id}/{action:load|unload}", admin_only(_view(aggregate.model_action))
     )
     router.add_delete("/admin/sessions/{session_id}", admin_only(to_session))
+    router.add_post("/admin/avatars/import", admin_only(_view(avatar_import.import_everywhere)))
     router.add_get("/metrics", _view(aggregate.metrics))
     _add_inference_protocol_routes(router)
     router.add_route("*", "/{tail:.*}", to_any)

@@ -7,7 +7,7 @@ and keeps one :class:`~web.cluster.placement.WorkerState` per worker from a repo
 pulled every ``cluster.report_interval_s``. Reports are pulled concurrently, each within
 ``cluster.report_timeout_s``: a worker that does not answer (hung, dead, being restarted
 by Ray) is marked not answering and skipped by placement, and nothing the front does ever
-waits on it longer than that (``docs/architecture.md`` §14). Ray restarts a dead worker
+waits on it longer than that (``docs/design/cluster.md`` §14). Ray restarts a dead worker
 (``cluster.max_restarts``); its next report carries a new incarnation, and its old calls
 are gone.
 

@@ -3,7 +3,7 @@
 ``lipstream serve`` with ``cluster.workers: N`` opens it on ``server.grpc_port`` (null:
 none) with the services, methods and message limits one process serves
 (``web/inference/grpc_server.py``), so a client cannot tell a front from one process
-(``docs/architecture.md`` §14). It is a proxy to the workers' own gRPC listeners
+(``docs/design/cluster.md`` §14). It is a proxy to the workers' own gRPC listeners
 (``WorkerReport.grpc_port``):
 
 - A model's calls (the Open Inference Protocol's ``ModelReady``, ``ModelMetadata``,

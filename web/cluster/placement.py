@@ -1,6 +1,6 @@
 """Where a new session goes, and which worker a session id belongs to.
 
-A front places each session once (``docs/architecture.md`` §14): among the workers that
+A front places each session once (``docs/design/cluster.md`` §14): among the workers that
 answered their last report in time and are not draining, first those that already hold
 the avatar's model (model affinity: the call shares that model's batches and costs no
 load), most room first; then the others, most room first. A worker with no room left is

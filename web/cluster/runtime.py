@@ -5,7 +5,7 @@ A front reaches Ray one of three ways (:class:`RuntimeMode`): it **started** a l
 children), it **joined** a cluster at ``cluster.ray_address``, or it was **given** one
 already initialised by the process it runs in (a test's cluster). :class:`RayRuntime`
 does every control call of Ray for the front; the front decides what to do when it dies
-(``web/cluster/front.py``, ``docs/architecture.md`` §14).
+(``web/cluster/front.py``, ``docs/design/cluster.md`` §14).
 
 - **One thread of its own.** ``ray.init``, ``ray.shutdown``, worker look-ups and the
   liveness probe run on one daemon thread, ``lipstream-ray``: never on the event loop

@@ -7,7 +7,7 @@ serving the raw inference front doors over gRPC there at another port the OS pic
 ``WorkerReport.grpc_port``). The front reaches it over HTTP for every request it routes
 (media never passes the front: the caller's UDP goes to the worker's own ICE
 candidates) and over Ray only for the small :class:`WorkerReport` and to drain it
-(``docs/architecture.md`` §14).
+(``docs/design/cluster.md`` §14).
 
 Ray runs this class as an async actor, so its methods run on the actor's event loop, the
 same loop the aiohttp server and aiortc use. The server starts on the first call (Ray

@@ -1,4 +1,4 @@
-"""Raw inference over the standard protocols (``docs/architecture.md`` §17).
+"""Raw inference over the standard protocols (``docs/design/inference-protocols.md`` §17).
 
 ``contract`` says what a model's tensors look like over a protocol (two versions: the
 model's own float interface and the serving graph's uint8 one); ``door`` is the one way

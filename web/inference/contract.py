@@ -1,7 +1,8 @@
 """A model as the standard inference protocols see it: two tensor contracts, two versions.
 
 Every lip-sync model is one model of the Open Inference Protocol (the avatar id is its
-name) with two versions, one per tensor contract it serves (``docs/architecture.md`` §17):
+name) with two versions, one per tensor contract it serves
+(``docs/design/inference-protocols.md`` §17):
 
 ``float`` (the default)
     The model's own ONNX interface: its own input and output names, FP32 visual

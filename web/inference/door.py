@@ -1,7 +1,7 @@
 """The one way in for raw inference, whichever protocol a request came by.
 
 ``POST /v1/infer``, the Open Inference Protocol over REST and gRPC and the seed's
-``InferenceService`` all end here (``docs/architecture.md`` §17): the same registry
+``InferenceService`` all end here (``docs/design/inference-protocols.md`` §17): the same registry
 (load on demand, or refuse a model not loaded when ``registry.load_on_infer`` is false),
 the same placement, deadlines (``server.request_timeout_s``) and bounded per-device
 queues, and the same batches as live sessions' frames. The door also keeps, per model,

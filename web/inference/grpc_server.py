@@ -1,7 +1,7 @@
 """The gRPC listener of the raw inference front doors: its message limits and its lifetime.
 
 One grpc.aio server on ``server.grpc_port`` (``server.host``) serves two services side
-by side (``docs/architecture.md`` §17): the Open Inference Protocol v2
+by side (``docs/design/inference-protocols.md`` §17): the Open Inference Protocol v2
 (``inference.GRPCInferenceService``, :mod:`web.inference.oip_grpc`) and the seed's
 ``inference.InferenceService`` (:mod:`web.inference.seed_grpc`). ``lipstream serve``
 opens it next to the HTTP listener once the app has started (its services use the

@@ -19,6 +19,7 @@ from __future__ import annotations
 from web.schemas.admin import (
     AvatarImportRequest,
     Cache,
+    ClusterImportedAvatar,
     Device,
     DeviceKind,
     Global,
@@ -29,10 +30,12 @@ from web.schemas.admin import (
     LoadRequest,
     Model,
     Models,
+    RegisteredAvatar,
     SessionInfo,
     Sessions,
     Stats,
     Worker,
+    WorkerImport,
 )
 from web.schemas.base import Error, ErrorDetail, RequestModel, ResponseModel
 from web.schemas.broadcast import (
@@ -103,6 +106,7 @@ __all__ = [
     "Avatars",
     "BufferedMedia",
     "Cache",
+    "ClusterImportedAvatar",
     "DelayBudget",
     "Device",
     "DeviceKind",
@@ -156,6 +160,7 @@ __all__ = [
     "PlayedUtterance",
     "Queued",
     "Ready",
+    "RegisteredAvatar",
     "Reply",
     "RequestModel",
     "ResponseModel",
@@ -170,4 +175,5 @@ __all__ = [
     "ViewerLeft",
     "WebRtcConfig",
     "Worker",
+    "WorkerImport",
 ]

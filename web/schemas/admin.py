@@ -195,6 +195,22 @@ class AvatarImportRequest(RequestModel):
     )
 
 
+class WorkerImport(ResponseModel):
+    """What one worker of a cluster did with an import the front sent it."""
+
+    outcome: Literal["imported", "registered"] = Field(
+        description="`imported`: it wrote the package into its avatar root; `registered`: "
+        "its avatar root already held the package another worker had just written (a root "
+        "the workers share), and it registered it."
+    )
+
+
+class RegisteredAvatar(ResponseModel):
+    id: AvatarId = Field(
+        description="The avatar, registered from the package already in the avatar root."
+    )
+
+
 class ImportedAvatar(ResponseModel):
     id: AvatarId = Field(description="The new avatar's id, registered and ready to load.")
     source: str = Field(description="What it was imported from.")
@@ -205,6 +221,12 @@ class ImportedAvatar(ResponseModel):
         description="False for a fixed batch of 1: it works, without cross-session batching."
     )
     notes: list[str] = Field(description="What the operator should know about the import.")
+
+
+class ClusterImportedAvatar(ImportedAvatar):
+    """A cluster front's answer: the first worker's import, and what every worker did."""
+
+    workers: dict[str, WorkerImport] = Field(description="Each worker's outcome, by name.")
 
 
 class HistorySeries(ResponseModel):

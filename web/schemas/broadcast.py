@@ -1,4 +1,4 @@
-"""Sessions no caller owns, their viewers and their outputs (``docs/architecture.md`` §21)."""
+"""Sessions no caller owns, their viewers and their outputs (``docs/design/broadcast.md`` §21)."""
 
 from __future__ import annotations
 

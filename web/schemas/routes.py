@@ -21,6 +21,7 @@ from web.schemas.admin import (
     LoadRequest,
     Model,
     Models,
+    RegisteredAvatar,
     Sessions,
     Stats,
 )
@@ -108,7 +109,7 @@ SESSION_OPERATIONS = (
         description="Make it speak with `/audio`, `/say` or the audio stream; read its "
         "events from `/events`; end it with `DELETE /sessions/{session_id}`, or it ends "
         "after `session.idle_timeout_s` with neither audio nor a viewer. Admitted as a "
-        "call is (docs/architecture.md §21).",
+        "call is (docs/design/broadcast.md §21).",
         body=NewSession,
         access="session",
         errors={
@@ -139,7 +140,7 @@ SESSION_OPERATIONS = (
         "the event data channel. The ICE servers configured come back as `Link` headers "
         '(`<url>; rel="ice-server"`, RFC 9725). Any session can be watched, a call too; '
         "each session takes at most `broadcast.viewers_per_session` viewers. A viewer is "
-        "sent what the session sends, never encoded again for it (docs/architecture.md §21).",
+        "sent what the session sends, never encoded again for it (docs/design/broadcast.md §21).",
         body_media=("application/sdp",),
         access="session",
         errors={
@@ -183,7 +184,7 @@ SESSION_OPERATIONS = (
         "application/sdp`, no trickle ICE) sending Opus audio; video it sends is declined. "
         "The session is watched over WHEP and pushed to outputs like any other; with "
         "`auth.jwt_secret` set, `Authorization: Bearer` carries a token for the avatar "
-        "(docs/architecture.md §21).",
+        "(docs/design/broadcast.md §21).",
         body_media=("application/sdp",),
         access="session",
         errors={
@@ -216,7 +217,7 @@ SESSION_OPERATIONS = (
         description="The session's own encode, not encoded again. An ingest that refuses "
         "or drops is tried again, the waits doubling up to `outputs.retry_max_s`. Targets "
         "on loopback or private addresses are refused unless `outputs.allow_private` is on "
-        "(docs/architecture.md §21).",
+        "(docs/design/broadcast.md §21).",
         body=OutputTarget,
         access="session",
         errors={
@@ -707,11 +708,30 @@ ADMIN_OPERATIONS = (
         "/admin/avatars/import",
         "admin",
         "Import another project's avatar folder and register it",
-        (Reply(201, "Imported, validated and registered.", ImportedAvatar),),
+        (
+            Reply(
+                201,
+                "Imported, validated and registered.",
+                ImportedAvatar,
+                headers=(Header("X-Lipstream-Package", "The package written, as a token."),),
+            ),
+            Reply(
+                200,
+                "Registered without an import: the avatar root already holds a package the "
+                "request's `X-Lipstream-Package` names.",
+                RegisteredAvatar,
+            ),
+        ),
         description="The same import as `lipstream avatar import`: a SyncTalk_2D dataset "
         "folder or a LiveTalking wav2lip avatar, read from `avatars.import_root` (paths are "
         "relative to it). The package is written beside the others, validated, then moved "
-        "into place: a failed import leaves nothing.",
+        "into place: a failed import leaves nothing. A cluster front sends the import to "
+        "every worker in turn, each reading the folder on its own machine; a worker whose "
+        "avatar root already holds the package an earlier one wrote (a root they share) "
+        "registers it instead (the request header `X-Lipstream-Package`, the tokens of the "
+        "packages written so far). The front answers 201 with the first import and each "
+        "worker's outcome (`workers`), or 502 `import_incomplete` naming the workers that "
+        "failed and why.",
         body=AvatarImportRequest,
         access="admin",
         errors={

@@ -126,7 +126,7 @@ class DelayBudget(ResponseModel):
 
     A caller measuring microphone → heard sees `server_ms` plus its own path:
     `browser_extra_ms_low`–`browser_extra_ms_high` is what that added in headless
-    Chromium on loopback (docs/benchmarks.md §7). A real network adds its one-way delay
+    Chromium on loopback (docs/performance/live-calls.md). A real network adds its one-way delay
     and jitter on top.
     """
 
@@ -226,7 +226,7 @@ class AppAudio(ResponseModel):
 
 
 class Link(ResponseModel):
-    """The call's link to its caller (docs/architecture.md §19)."""
+    """The call's link to its caller (docs/design/link.md §19)."""
 
     mode: Literal["transport-cc", "remb", "loss"] = Field(
         description="What the estimate is made from: the caller's transport-cc feedback "

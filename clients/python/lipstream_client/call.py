@@ -1,11 +1,11 @@
 """A WebRTC call to an avatar with aiortc: :func:`connect` opens it, :class:`Call` holds it.
 
-The offer follows the README's "Calling from an app": a recvonly video transceiver,
-audio sendrecv with the app's microphone track (or recvonly), a data channel labelled
-``lipstream`` for session events, ICE gathered completely before ``POST /offer`` (the
-server does not trickle). Received tracks are always drained into bounded queues, since
-aiortc's own are unbounded: an app that does not read them loses the oldest frames, not
-memory.
+The offer follows ``docs/guides/calling.md`` ("A call over WebRTC and JSON"): a recvonly
+video transceiver, audio sendrecv with the app's microphone track (or recvonly), a data
+channel labelled ``lipstream`` for session events, ICE gathered completely before
+``POST /offer`` (the server does not trickle). Received tracks are always drained into
+bounded queues, since aiortc's own are unbounded: an app that does not read them loses
+the oldest frames, not memory.
 
 What a call receives (tracks drained, events from the data channel, the wait for ICE)
 is :class:`Receiver`, which a session's viewer (:mod:`lipstream_client.viewer`) shares.
