@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("config", "inference_core", "compositor", "streaming", "web")
-ARCHITECTURE = REPO / "docs" / "architecture.md"
+DESIGN = REPO / "docs" / "design"
 SITE_HOOKS = REPO / "scripts" / "docs_site"
 TEXT_SUFFIXES = {".py", ".md", ".html", ".js", ".yaml", ".toml", ".sh", ".cfg"}
 MAX_MODULE_LINES = 400
@@ -81,22 +81,47 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def test_every_architecture_reference_names_a_section_that_exists() -> None:
-    sections = set(re.findall(r"^## §(\d+) ", ARCHITECTURE.read_text(encoding="utf-8"), re.M))
-    assert sections == {str(n) for n in range(1, len(sections) + 1)}, sorted(sections, key=int)
-    cite = re.compile(r"architecture\.md`{0,2}\s+((?:§\d+(?:[-–]§?\d+)?(?:,\s*)?)+)")
-    missing = []
+def _design_sections() -> dict[str, set[str]]:
+    """Each design page's sections: ``# §N Title { #sN }`` (or ``##``), by page name."""
+    heading = re.compile(r"^#{1,2} §(\d+) .*\{ #s(\d+) \}$", re.M)
+    pages = {}
+    for page in sorted(DESIGN.glob("*.md")):
+        found = heading.findall(page.read_text(encoding="utf-8"))
+        assert all(number == anchor for number, anchor in found), (page.name, found)
+        pages[page.name] = {number for number, _ in found}
+    return pages
+
+
+def test_every_design_section_is_on_one_page_with_its_anchor() -> None:
+    pages = _design_sections()
+    numbers = sorted(int(n) for sections in pages.values() for n in sections)
+    assert numbers == list(range(1, len(numbers) + 1)), numbers  # each once, none missing
+    assert len(numbers) >= 21
+
+
+def test_every_design_reference_names_a_section_on_its_page() -> None:
+    """A citation is ``docs/design/<page>.md §N`` (``§N, §M``, ``§N-§M``): the page must
+    exist and hold a heading of each section named."""
+    pages = _design_sections()
+    cite = re.compile(
+        r"docs/design/([\w-]+\.md)`{0,2}\s+(?:(?:#:?|//)\s*)?"
+        r"((?:§\d+(?:[-–]§?\d+)?(?:,\s*|\s+and\s+)?)+)"
+    )
+    wrong = []
     cited = 0
     for path in _repo_files():
         text = path.read_text(encoding="utf-8", errors="replace")
         for match in cite.finditer(text):
-            for number in re.findall(r"\d+", match.group(1)):
+            page, numbers = match.group(1), re.findall(r"\d+", match.group(2))
+            for number in numbers:
                 cited += 1
-                if number not in sections:
+                if number not in pages.get(page, set()):
                     line = text.count("\n", 0, match.start()) + 1
-                    missing.append(f"{path.relative_to(REPO)}:{line}: §{number}")
-    assert cited > 20  # the code does cite it
-    assert not missing, "no such section in docs/architecture.md:\n" + "\n".join(missing)
+                    held = sorted(pages.get(page, set()), key=int)
+                    where = f"it holds §{', §'.join(held)}" if held else "no such page"
+                    wrong.append(f"{path.relative_to(REPO)}:{line}: {page} §{number} ({where})")
+    assert cited > 200  # the code does cite it
+    assert not wrong, "citations of a section its page does not hold:\n" + "\n".join(wrong)
 
 
 def _generated_pages() -> set[Path]:

@@ -403,16 +403,16 @@ async def test_switches_and_clips_over_the_audio_stream_and_server_sent_events(
             assert (await call.state())["avatar"] == "small"
 
 
-async def test_the_readme_switching_example(tmp_path: Path, loopback: None) -> None:
-    """README's "Switch the avatar or the idle clip during a call", run as written."""
+async def test_the_guides_switching_example(tmp_path: Path, loopback: None) -> None:
+    """docs/guides/calling.md's "Switch the avatar or the idle clip", run as written."""
     # Imported here: the client's own tests above need none of the server's packages.
     from config.settings import Settings
     from web.app import build_app
 
-    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs/guides/calling.md").read_text()
     (example,) = [
         b
-        for b in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+        for b in re.findall(r"```python\n(.*?)```", guide, flags=re.DOTALL)
         if "switch_avatar" in b
     ]
     write_demo_avatar(tmp_path / "avatars" / "other", count=30, size=SMALL, seed=5)

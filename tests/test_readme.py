@@ -1,4 +1,10 @@
-"""The README's code examples run as written against a real server."""
+"""The documentation's code examples run as written against a real server.
+
+The guides hold them: the raw inference client, the OIP ``curl`` lines, the tritonclient
+and seed clients (``docs/guides/raw-inference.md``) and the Python client's streaming call
+(``docs/guides/voice-agents.md``). The switching example of ``docs/guides/calling.md``
+runs in ``tests/test_clients_switch.py``.
+"""
 
 from __future__ import annotations
 
@@ -17,15 +23,16 @@ from config.settings import Settings
 from web.app import build_app
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+RAW_INFERENCE = REPO / "docs/guides/raw-inference.md"
+VOICE_AGENTS = REPO / "docs/guides/voice-agents.md"
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
 async def test_raw_inference_client_example(tmp_path: Path) -> None:
-    (example,) = [b for b in _python_blocks() if "/v1/infer/" in b]
+    (example,) = [b for b in _python_blocks(RAW_INFERENCE) if "/v1/infer/" in b]
     settings = Settings.model_validate(
         {"avatars": {"root": str(tmp_path), "data_dir": str(tmp_path / "data")}}
     )
@@ -46,7 +53,7 @@ async def test_raw_inference_client_example(tmp_path: Path) -> None:
 
 async def test_python_client_streaming_example(tmp_path: Path, loopback: None) -> None:
     """The voice-agent example: a call, speech streamed in, its events back."""
-    (example,) = [b for b in _python_blocks() if "stream_audio" in b]
+    (example,) = [b for b in _python_blocks(VOICE_AGENTS) if "stream_audio" in b]
     settings = Settings.model_validate(
         {
             "avatars": {"root": str(tmp_path), "data_dir": str(tmp_path / "data")},
@@ -65,8 +72,8 @@ async def test_python_client_streaming_example(tmp_path: Path, loopback: None) -
     assert "queued_ms" in seen
 
 
-def _bash_blocks() -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def _bash_blocks(page: Path) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
 def _demo_settings(tmp_path: Path) -> Settings:
@@ -82,9 +89,9 @@ async def test_inference_protocol_examples(tmp_path: Path) -> None:
     """The OIP curl lines, the tritonclient HTTP + gRPC loop and the seed client's call."""
     from tests.grpc_served import served
 
-    (shell,) = [b for b in _bash_blocks() if "request.json" in b]
-    (triton,) = [b for b in _python_blocks() if "tritonclient" in b]
-    (seed,) = [b for b in _python_blocks() if "InferBatchRequest" in b]
+    (shell,) = [b for b in _bash_blocks(RAW_INFERENCE) if "request.json" in b]
+    (triton,) = [b for b in _python_blocks(RAW_INFERENCE) if "tritonclient" in b]
+    (seed,) = [b for b in _python_blocks(RAW_INFERENCE) if "InferBatchRequest" in b]
     async with served(_demo_settings(tmp_path)) as server:
         http = f"127.0.0.1:{server.http.port}"
         rpc = server.address
