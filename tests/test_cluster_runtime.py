@@ -1,10 +1,11 @@
 """``lipstream serve --workers 2`` whose local Ray runtime is killed under it.
 
-The front started the runtime; the raylet (or the dashboard agent the raylet fate-shares
-with) is killed by the name Ray gives its process, which takes the workers down with it.
-The front must then bring the runtime and its workers back, or exit non-zero so that a
-supervisor does; what it must never do is answer ``/health`` 200 for good with nothing
-to serve (``docs/design/cluster.md`` §14, docs/operations/failure.md). The front's
+The front started the runtime; a part of it is killed by the name Ray gives its process.
+The raylet (or the dashboard agent the raylet fate-shares with) takes the workers down
+with it while the GCS lives on: the front must bring the runtime and its workers back.
+The GCS itself leaves nothing to come back to: the front must then exit non-zero so that
+a supervisor starts a fresh one. What it must never do is answer ``/health`` 200 for good
+with nothing to serve (``docs/design/cluster.md`` §14, docs/operations/failure.md). The front's
 policy on numbers is ``tests/test_cluster_recovery.py``.
 """
 
@@ -52,6 +53,16 @@ async def _two_workers_ready(http: ClientSession) -> bool:
         return False
 
 
+async def _serving_two_workers(server: Server) -> set[int]:
+    """Once both workers report: their process ids, each a process of the front's runtime."""
+    http = server.http
+    await until(lambda: _two_workers_ready(http), "both workers to report", timeout_s=TIMEOUT_S)
+    workers = await _worker_pids(http)
+    ray = descendants(server.proc.pid)
+    assert workers <= set(ray), (workers, ray)  # the workers run under the front's runtime
+    return workers
+
+
 def _back_or_gone(server: Server, lost: set[int]) -> Callable[[], object]:
     """'exited' once the process ended; 'recovered' once both workers answer from new
     processes (none of ``lost``) and the front is ready; else None."""
@@ -70,27 +81,33 @@ def _back_or_gone(server: Server, lost: set[int]) -> Callable[[], object]:
     return state
 
 
+SETTINGS = {"ice_loopback_only": "true", "drain_timeout_s": 5}
+
+
+def _kill(server: Server, name: str) -> None:
+    """SIGKILL the process of the front's runtime that the kernel names ``name``."""
+    ray = descendants(server.proc.pid)
+    (target,) = [pid for pid, its_name in ray.items() if its_name == name]
+    os.kill(target, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("victim", ["raylet", "ray::DashboardA"])
-async def test_a_front_whose_ray_runtime_is_killed_recovers_or_exits_non_zero(
+async def test_a_front_whose_raylet_is_killed_brings_its_runtime_and_workers_back(
     tmp_path: Path, loopback: None, victim: str, record_property: Callable[[str, object], None]
 ) -> None:
-    settings = {"ice_loopback_only": "true", "drain_timeout_s": 5}
+    """Only the raylet's side dies (the raylet is the front's child, the agent the
+    raylet's); the GCS answers on, so a restart can succeed and must: an exit fails."""
     async with lipstream_serve(
-        tmp_path, "--workers", "2", server=settings, startup_timeout_s=STARTUP_TIMEOUT_S
+        tmp_path, "--workers", "2", server=SETTINGS, startup_timeout_s=STARTUP_TIMEOUT_S
     ) as server:
         http = server.http
-        await until(lambda: _two_workers_ready(http), "both workers to report", timeout_s=TIMEOUT_S)
-        lost = await _worker_pids(http)
+        lost = await _serving_two_workers(server)
         caller = Caller(http)
         caller.keep_luma = False
         await caller.connect()
         try:
             await caller.wait_for_frames(5)
-            # The front's own runtime: the raylet is its child, the agent the raylet's.
-            ray = descendants(server.proc.pid)
-            (target,) = [pid for pid, name in ray.items() if name == victim]
-            assert lost <= set(ray), (lost, ray)  # the workers run under that raylet
-            os.kill(target, signal.SIGKILL)
+            _kill(server, victim)
             killed_at = time.monotonic()
             outcome = await until(
                 _back_or_gone(server, lost),
@@ -101,14 +118,9 @@ async def test_a_front_whose_ray_runtime_is_killed_recovers_or_exits_non_zero(
             took_s = time.monotonic() - killed_at
         finally:
             await caller.close()
-        record_property("outcome", outcome)
         record_property("took_s", round(took_s, 1))
         logger.info("killed %s: %s after %.1f s", victim, outcome, took_s)
-        if outcome == "exited":  # allowed: a supervisor restarts it
-            assert server.proc.returncode != 0, server.log()
-            assert "giving up" in server.log(), server.log()
-            return
-
+        assert outcome == "recovered", server.log()
         assert "is back after" in server.log(), server.log()
         # The call on a dead worker ended with it: its id names the old incarnation.
         async with http.get(f"/sessions/{caller.session_id}") as gone:
@@ -127,3 +139,21 @@ async def test_a_front_whose_ray_runtime_is_killed_recovers_or_exits_non_zero(
         async with asyncio.timeout(TIMEOUT_S):
             code = await server.proc.wait()
         assert code == 0, server.log()
+
+
+async def test_a_front_whose_ray_gcs_is_killed_gives_up_and_exits_non_zero(
+    tmp_path: Path, loopback: None
+) -> None:
+    """Without its GCS a runtime the front started cannot come back (and Ray would end
+    the process within a minute anyway): the front's probe times out, the front gives
+    up, and the process exits non-zero for a supervisor to start a fresh one."""
+    async with lipstream_serve(
+        tmp_path, "--workers", "2", server=SETTINGS, startup_timeout_s=STARTUP_TIMEOUT_S
+    ) as server:
+        await _serving_two_workers(server)
+        _kill(server, "gcs_server")
+        async with asyncio.timeout(RECOVERY_TIMEOUT_S):
+            code = await server.proc.wait()
+        log = server.log()
+        assert code != 0, log
+        assert "cluster: giving up: the Ray GCS of the local Ray runtime did not answer" in log, log
