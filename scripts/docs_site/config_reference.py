@@ -87,7 +87,7 @@ def _type(field: FieldInfo) -> str:
             if isinstance(meta, getattr(annotated_types, attribute.capitalize())):
                 limits.append(form.format(getattr(meta, attribute)))
         if isinstance(meta, annotated_types.MinLen):
-            limits.append(f"at least {meta.min_length} items")
+            limits.append("not empty" if meta.min_length == 1 else f"at least {meta.min_length}")
     return f"{text} ({', '.join(limits)})" if limits else text
 
 
