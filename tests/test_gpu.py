@@ -5,17 +5,26 @@ Skipped, with the reason, where onnxruntime has no CUDA provider or no GPU is vi
 The same code paths run on CPU in tests/test_batch_runs.py and tests/test_serving_graph.py;
 here are the parts that differ on a GPU: page-locked buffers, copies to the device,
 padded buckets, NVML memory figures, float16 weights and TensorRT.
+
+TensorRT is checked where each of its three cases holds, one outcome each: where its
+provider starts, an engine is built and cached; where onnxruntime has no such provider
+(this CPU machine's onnxruntime), or lists it without the libraries to start it (an
+onnxruntime-gpu wheel without TensorRT installed), the load is refused saying what to
+install or set. Which case holds is probed apart from the code under test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from config.settings import Settings
 from inference_core.adapter.onnx_io import open_session
@@ -45,7 +54,37 @@ def _cuda_missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_cuda_missing() is not None, reason=str(_cuda_missing()))
+needs_cuda = pytest.mark.skipif(_cuda_missing() is not None, reason=str(_cuda_missing()))
+#: onnxruntime's own warning when a requested provider is not in its build (it then
+#: falls back; the load must fail regardless).
+NOT_IN_BUILD = r"ignore:Specified provider '\w+' is not in available provider names:UserWarning"
+
+
+@functools.cache
+def _tensorrt_state() -> str:
+    """``starts``, ``absent`` (not in this onnxruntime) or ``does not start`` (listed, its
+    libraries not loadable): a one-node model opened with TensorRT alone, by onnxruntime
+    itself, not through the code under test."""
+    if TENSORRT_PROVIDER not in ort.get_available_providers():
+        return "absent"
+    node = helper.make_node("Identity", ["x"], ["y"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    model = helper.make_model(helper.make_graph([node], "probe", [x], [y]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback warns; the providers tell
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=[TENSORRT_PROVIDER, "CPUExecutionProvider"]
+        )
+    return "starts" if session.get_providers()[0] == TENSORRT_PROVIDER else "does not start"
+
+
+def _tensorrt_is(state: str, reason: str) -> None:
+    """Skip unless TensorRT is in ``state`` here, saying why."""
+    found = _tensorrt_state()
+    if found != state:
+        pytest.skip(f"{reason}: {TENSORRT_PROVIDER} {found} here")
+
 
 CUDA = Device(0, "cuda", 0)
 
@@ -91,6 +130,7 @@ def _requests(n: int, loop: asyncio.AbstractEventLoop) -> list[FrameRequest]:
     ]
 
 
+@needs_cuda
 def test_cuda_faces_match_cpu_faces_with_padded_page_locked_batches(
     package: AvatarPackage, tmp_path: Path
 ) -> None:
@@ -114,6 +154,7 @@ def test_cuda_faces_match_cpu_faces_with_padded_page_locked_batches(
         loop.close()
 
 
+@needs_cuda
 def test_fp16_on_cuda_stays_close(package: AvatarPackage, tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
     try:
@@ -129,6 +170,7 @@ def test_fp16_on_cuda_stays_close(package: AvatarPackage, tmp_path: Path) -> Non
         loop.close()
 
 
+@needs_cuda
 async def test_nvml_measures_each_model_on_the_gpu(tmp_path: Path) -> None:
     write_demo_avatar(tmp_path / "one", count=2)
     write_demo_avatar(tmp_path / "two", count=2)
@@ -147,31 +189,55 @@ async def test_nvml_measures_each_model_on_the_gpu(tmp_path: Path) -> None:
         await core.stop()
 
 
-@pytest.mark.skipif(
-    TENSORRT_PROVIDER not in ort.get_available_providers(),
-    reason=f"needs onnxruntime-gpu built with TensorRT ({TENSORRT_PROVIDER} absent)",
-)
-def test_tensorrt_builds_and_caches_an_engine_or_says_what_is_missing(
-    package: AvatarPackage, tmp_path: Path
-) -> None:
-    """With its libraries, TensorRT builds an engine into the cache; without them (an
-    onnxruntime-gpu wheel lists the provider either way) the load fails naming libnvinfer,
-    instead of serving from CUDA as onnxruntime would (seen on an H200, 2026-11-26)."""
+def test_tensorrt_builds_and_caches_an_engine(package: AvatarPackage, tmp_path: Path) -> None:
+    """Where the provider starts, the model's session runs on TensorRT and its engine is
+    on disk for the next start."""
+    _tensorrt_is("starts", f"needs {TENSORRT_PROVIDER} that starts (onnxruntime-gpu, TensorRT)")
     cache = tmp_path / "trt"
-    settings = _settings(tmp_path, tensorrt=True, tensorrt_cache_dir=str(cache))
     cache.mkdir()
-    error = ""
-    try:
-        model = _open(package, CUDA, settings)
-    except ModelLoadError as exc:
-        error = str(exc)
-    if error:
-        assert f"could not start {TENSORRT_PROVIDER}" in error
-        assert "libnvinfer" in error
-        assert "devices.tensorrt: false" in error
-        assert not any(cache.iterdir())
-        return
+    model = _open(package, CUDA, _settings(tmp_path, tensorrt=True, tensorrt_cache_dir=str(cache)))
     adapter = model.adapter
     assert adapter is not None
     assert adapter.session.get_providers()[0] == TENSORRT_PROVIDER
-    assert any(cache.iterdir())  # the engine is on disk for the next start
+    assert any(cache.iterdir())
+
+
+@pytest.mark.filterwarnings(NOT_IN_BUILD)
+def test_tensorrt_this_onnxruntime_lacks_is_refused_saying_what_to_install(
+    package: AvatarPackage, tmp_path: Path
+) -> None:
+    """A CUDA device with devices.tensorrt on an onnxruntime built without the provider
+    (as here): the load fails naming it, what to install and the setting without it,
+    instead of serving from whatever onnxruntime falls back to."""
+    _tensorrt_is("absent", f"{TENSORRT_PROVIDER} is in this onnxruntime")
+    cache = tmp_path / "trt"
+    cache.mkdir()
+    settings = _settings(tmp_path, tensorrt=True, tensorrt_cache_dir=str(cache))
+    with pytest.raises(ModelLoadError) as refused:
+        _open(package, CUDA, settings)
+    error = str(refused.value)
+    assert f"could not start {TENSORRT_PROVIDER}" in error
+    assert f"this onnxruntime has no {TENSORRT_PROVIDER}" in error
+    assert "pip install onnxruntime-gpu" in error
+    assert "devices.tensorrt: false" in error
+    assert not any(cache.iterdir())
+
+
+@needs_cuda
+def test_tensorrt_without_its_libraries_is_refused_naming_libnvinfer(
+    package: AvatarPackage, tmp_path: Path
+) -> None:
+    """onnxruntime-gpu lists the provider whether or not TensorRT is installed; without
+    libnvinfer it would run the session on CUDA (seen on an H200, 2026-11-26). The load
+    fails naming the library and the setting instead."""
+    _tensorrt_is("does not start", f"needs {TENSORRT_PROVIDER} listed without its libraries")
+    cache = tmp_path / "trt"
+    cache.mkdir()
+    settings = _settings(tmp_path, tensorrt=True, tensorrt_cache_dir=str(cache))
+    with pytest.raises(ModelLoadError) as refused:
+        _open(package, CUDA, settings)
+    error = str(refused.value)
+    assert f"could not start {TENSORRT_PROVIDER}" in error
+    assert "libnvinfer" in error
+    assert "devices.tensorrt: false" in error
+    assert not any(cache.iterdir())

@@ -104,11 +104,27 @@ def open_session(
     if missing:
         raise ModelLoadError(
             f"model {what}: onnxruntime could not start {', '.join(missing)} and fell back to "
-            f"{session.get_providers()[0]} ({FALLBACK_HINTS.get(missing[0], 'see its log above')})"
+            f"{session.get_providers()[0]} ({_missing_hint(missing[0])})"
         )
     return session
 
 
+def _missing_hint(provider: str) -> str:
+    """What to do about ``provider``: install what this onnxruntime does not have, or the
+    libraries a provider it has could not load; or the setting that does without it."""
+    if provider not in ort.get_available_providers():
+        return ABSENT_HINTS.get(provider, f"this onnxruntime has no {provider}")
+    return FALLBACK_HINTS.get(provider, "see its log above")
+
+
+# What a provider this onnxruntime does not have at all takes, and the setting without it.
+ABSENT_HINTS = {
+    "TensorrtExecutionProvider": "this onnxruntime has no TensorrtExecutionProvider: pip "
+    "install onnxruntime-gpu (not onnxruntime) and TensorRT for its CUDA version, or set "
+    "devices.tensorrt: false",
+    "CUDAExecutionProvider": "this onnxruntime has no CUDAExecutionProvider: pip install "
+    "onnxruntime-gpu (not onnxruntime), or set devices.kind: cpu",
+}
 # What a provider onnxruntime offers but cannot start lacks, and the setting that avoids it.
 FALLBACK_HINTS = {
     "TensorrtExecutionProvider": "the TensorRT libraries (libnvinfer) are not loadable: "
