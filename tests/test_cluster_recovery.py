@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCPeerConnection
 
 from config.settings import Settings
 from tests.fake_ray import FakeRuntime
@@ -168,6 +169,20 @@ async def test_a_given_runtime_is_left_to_its_owner() -> None:
         await started.front.close()
 
 
+async def _real_offer() -> str:
+    """An aiortc caller's offer (audio both ways, video to receive): the offer check
+    passes it."""
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("audio", direction="sendrecv")
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp: str = pc.localDescription.sdp
+        return sdp
+    finally:
+        await pc.close()
+
+
 def test_backoff_doubles_up_to_its_most() -> None:
     recovery = Recovery(backoff_first_s=1.0, backoff_max_s=30.0)
     assert [recovery.backoff_s(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
@@ -192,8 +207,17 @@ async def test_ready_names_the_problem_and_health_fails_once_the_front_gives_up(
         assert ready.status == 503
         reasons = (await ready.json())["reasons"]
         assert any("restarts failed" in reason for reason in reasons), reasons
-        offer = await client.post("/offer", json={"sdp": "v=0", "type": "offer"})
-        assert offer.status in (400, 503)  # never a worker that is not there
+        # A valid offer passes the gate and reaches placement, which finds no worker:
+        # none is tried (a forward to a dead one would name it as not answering).
+        errors_before = {name: w.last_error for name, w in front.workers.items()}
+        offer = await client.post("/offer", json={"sdp": await _real_offer(), "type": "offer"})
+        assert offer.status == 503, await offer.text()
+        assert offer.headers["Retry-After"] == "5"
+        error = (await offer.json())["error"]
+        assert error["code"] == "too_many_sessions"
+        assert "0 of 2 workers answering" in error["message"]
+        assert "did not answer" not in error["message"]
+        assert {name: w.last_error for name, w in front.workers.items()} == errors_before
 
 
 async def test_the_serve_loop_exits_non_zero_when_the_app_gives_up(
