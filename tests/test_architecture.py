@@ -381,20 +381,64 @@ def test_every_package_lists_its_public_surface(package: str) -> None:
         assert hasattr(module, name), f"{package}.__all__ names {name!r}, which it lacks"
 
 
-def test_long_modules_say_why_they_are_long() -> None:
-    unexplained = []
+#: The modules allowed past MAX_MODULE_LINES, each with the one concept a split would
+#: scatter. An entry is a reviewed decision: add one in the change that needs it, with a
+#: reason a reviewer accepts (else split the module); it leaves once its module is back
+#: under the bound.
+LONG_MODULES = {
+    "config/settings.py": "every setting, checked in the order of the example file",
+    "inference_core/adapter/serving_graph.py": "one pass over one graph, sharing its names",
+    "inference_core/features/stream.py": "one state machine over four buffers trimmed together",
+    "inference_core/serving/registry.py": "load states, placement and eviction share entries",
+    "inference_core/serving/scheduler.py": "state guarded by one condition variable",
+    "streaming/webrtc/compat.py": "the one place that touches aiortc's and aioice's internals",
+    "streaming/webrtc/peer.py": "the one holder of the RTCPeerConnection of a call",
+    "web/cluster/grpc_front.py": "one routing table for every call of both gRPC services",
+    "web/inference/binary_tensors.py": "each reading step bounds the next",
+    "web/inference/oip_grpc.py": "the protocol's twelve calls, registered together",
+    "web/inference/rest.py": "the protocol's routes sharing one error wrapper and admin rule",
+    "web/metrics.py": "one metric table, the histograms and the collector name one series",
+    "web/openapi.py": "the error-code table beside the code that renders it",
+    "web/schemas/routes.py": "one table: the API's index",
+    "clients/python/lipstream_client/call.py": "connect builds exactly the call Call drains",
+    "clients/python/lipstream_client/pipecat.py": "one service whose four tasks share state",
+}
+#: No module is longer, listed or not: today's longest (web/schemas/routes.py, 875
+#: lines) with room for its table to grow.
+MAX_LONG_MODULE_LINES = 1000
+
+
+def test_long_modules_are_the_listed_ones() -> None:
+    """The rule on module length, as reviewed: a module (the packages' and the Python
+    client's) over MAX_MODULE_LINES lines is in LONG_MODULES, with the one-line reason a
+    split would scatter one concept; a listed module that exists and is back at or under
+    MAX_MODULE_LINES leaves the list; and no module passes MAX_LONG_MODULE_LINES."""
     client = sorted((REPO / "clients" / "python" / "lipstream_client").rglob("*.py"))
-    for path in [*_modules(), *client]:
-        lines = path.read_text(encoding="utf-8").count("\n")
-        if lines <= MAX_MODULE_LINES:
-            continue
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        if "why one module" not in doc.lower():
-            unexplained.append(f"{path.relative_to(REPO)}: {lines} lines")
-    assert not unexplained, (
-        f"modules over {MAX_MODULE_LINES} lines without a 'Why one module' reason in their "
-        "docstring:\n" + "\n".join(unexplained)
+    lengths = {
+        str(path.relative_to(REPO)): path.read_text(encoding="utf-8").count("\n")
+        for path in [*_modules(), *client]
+    }
+    unlisted = [
+        f"{name}: {lines} lines"
+        for name, lines in sorted(lengths.items())
+        if lines > MAX_MODULE_LINES and name not in LONG_MODULES
+    ]
+    assert not unlisted, (
+        f"modules over {MAX_MODULE_LINES} lines that LONG_MODULES does not allow (split "
+        "them, or list each with the one concept a split would scatter):\n" + "\n".join(unlisted)
     )
+    stale = [
+        f"{name}: {lengths.get(name, 'no such module')}"
+        for name in LONG_MODULES
+        if lengths.get(name, 0) <= MAX_MODULE_LINES
+    ]
+    assert not stale, "LONG_MODULES entries no longer long (remove them):\n" + "\n".join(stale)
+    too_long = [
+        f"{name}: {lines} lines"
+        for name, lines in sorted(lengths.items())
+        if lines > MAX_LONG_MODULE_LINES
+    ]
+    assert not too_long, f"modules over {MAX_LONG_MODULE_LINES} lines:\n" + "\n".join(too_long)
 
 
 CLIENT = REPO / "clients" / "python" / "lipstream_client"
