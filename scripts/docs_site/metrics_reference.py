@@ -1,9 +1,10 @@
 """The metrics page, written from what ``GET /metrics`` exposes.
 
 The page scrapes a real server: the app ``lipstream serve`` runs (``web.app.build_app``,
-default settings on one CPU device, an empty avatar root), in this process, for one
-request. Every family it answers is listed with its type and help text, in the order
-the server writes them; a cluster front's own families follow.
+default settings on one CPU device, an empty avatar root), started in this process and
+asked for ``/metrics`` once through its own handler, with no socket (the build needs no
+network, not even loopback). Every family it answers is listed with its type and help
+text, in the order the server writes them; a cluster front's own families follow.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from md_writer import code, table
 
 from config.settings import Settings
 from web.app import build_app
 from web.cluster.aggregate import _Labelled
+from web.metrics import serve_metrics
 
 _HELP = re.compile(r"^# HELP (\S+) (.*)$", re.M)
 _TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
@@ -62,10 +65,15 @@ async def _scrape() -> str:
                 "server": {"grpc_port": None},
             }
         )
-        async with TestClient(TestServer(build_app(settings))) as client:
-            answer = await client.get("/metrics")
-            answer.raise_for_status()
-            return await answer.text()
+        app = build_app(settings)
+        runner = web.AppRunner(app)
+        await runner.setup()  # start-up and cleanup contexts run; no listener is opened
+        try:
+            answer = await serve_metrics(make_mocked_request("GET", "/metrics", app=app))
+        finally:
+            await runner.cleanup()
+        assert isinstance(answer.body, bytes)
+        return answer.body.decode()
 
 
 def _front_text() -> str:
