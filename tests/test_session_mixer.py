@@ -11,7 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from streaming.audio_rates import CHUNK_SAMPLES
-from streaming.live.mixer import INBOUND_SLACK_MS, INBOUND_WINDOW_TICKS, AudioMixer
+from streaming.live.mixer import (
+    INBOUND_SLACK_MS,
+    INBOUND_WINDOW_TICKS,
+    MAX_CONCEALED_MS,
+    OWED_FOR_S,
+    AudioMixer,
+)
 
 KEEP_MS = 20 + INBOUND_SLACK_MS  # one chunk for the tick plus the slack
 
@@ -117,3 +123,101 @@ def test_sound_is_announced_and_pushed_audio_can_wait_for_its_chunk() -> None:
     assert not first.any()  # the caller's zeros; the push waits
     assert np.all(second == 0.25)  # the caller's sound; the push still waits
     assert np.all(third == 0.5)  # chunk 2: the pushed audio
+
+
+# -- a packet that comes after its tick while the caller speaks ---------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+MADE_UP = -1.0  # what the concealment gives: no packet's value
+
+
+def _concealing(clock: Clock) -> tuple[AudioMixer, Caller, list[int]]:
+    mixer = AudioMixer(clock=clock)
+    asked: list[int] = []
+
+    def conceal(samples: int) -> np.ndarray:
+        asked.append(samples)
+        return np.full(samples, MADE_UP, np.float32)
+
+    mixer.set_concealment(conceal)
+    return mixer, Caller(mixer), asked
+
+
+def _tick(mixer: AudioMixer, clock: Clock) -> np.ndarray:
+    clock.now += 0.02
+    return mixer.next_chunk()
+
+
+def test_a_late_packet_mid_speech_is_made_up_and_skipped_when_it_comes() -> None:
+    """Its tick is the caller's voice made up, not a hole of silence, and the packet,
+    when it comes, is skipped: the next tick plays the next packet, the delay as before."""
+    clock = Clock()
+    mixer, caller, asked = _concealing(clock)
+    caller.sent = 1  # non-zero values: the caller speaks
+    for _ in range(5):
+        caller.send()
+        assert packet_of(_tick(mixer, clock)) == caller.sent - 1
+    late = caller.sent
+    chunk = _tick(mixer, clock)  # packet `late` is not in yet
+    assert np.all(chunk == MADE_UP)
+    assert asked == [CHUNK_SAMPLES]
+    caller.send(2)  # it comes, with the next
+    assert packet_of(_tick(mixer, clock)) == late + 1
+    assert mixer.inbound_ms == 0  # nothing held: no delay added
+    assert mixer.inbound_concealed_ms == 20
+    for _ in range(2 * INBOUND_WINDOW_TICKS):
+        caller.send()
+        assert packet_of(_tick(mixer, clock)) == caller.sent - 1
+    assert mixer.inbound_dropped_samples == 0  # the window had nothing to skip after it
+
+
+def test_a_stall_is_made_up_for_100_ms_then_silence_and_its_backlog_skipped() -> None:
+    clock = Clock()
+    mixer, caller, _ = _concealing(clock)
+    caller.sent = 1
+    for _ in range(5):
+        caller.send()
+        _tick(mixer, clock)
+    chunks = [_tick(mixer, clock) for _ in range(7)]  # 140 ms with nothing from the caller
+    made_up = MAX_CONCEALED_MS / 20
+    assert [bool(np.all(c == MADE_UP)) for c in chunks] == [i < made_up for i in range(7)]
+    assert not any(c.any() for c in chunks[int(made_up) :])  # then silence, as a pause
+    assert mixer.inbound_concealed_ms == MAX_CONCEALED_MS
+    first_held = caller.sent
+    caller.send(8)  # the held packets come at once with the current one
+    # The made-up 100 ms of them are skipped at once; the window skips the rest.
+    assert mixer.inbound_ms == (8 - made_up) * 20
+    assert packet_of(_tick(mixer, clock)) == first_held + made_up
+
+
+def test_a_silent_or_paused_caller_is_not_made_up() -> None:
+    clock = Clock()
+    mixer, _, asked = _concealing(clock)
+    for _ in range(5):
+        mixer.feed_inbound(np.zeros(CHUNK_SAMPLES, np.float32))  # a muted microphone
+        _tick(mixer, clock)
+    assert not _tick(mixer, clock).any()  # a DTX pause after silence: silence
+    assert asked == []
+    assert mixer.inbound_concealed_ms == 0
+
+
+def test_made_up_audio_is_owed_only_briefly() -> None:
+    """A packet that comes long after the tick made up for it is new audio (a caller that
+    paused with DTX, then spoke): none of it is skipped."""
+    clock = Clock()
+    mixer, caller, _ = _concealing(clock)
+    caller.sent = 1
+    caller.send()
+    _tick(mixer, clock)
+    assert np.all(_tick(mixer, clock) == MADE_UP)
+    clock.now += OWED_FOR_S + 0.01
+    caller.send()
+    assert mixer.inbound_ms == 20  # kept whole

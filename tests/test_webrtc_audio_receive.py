@@ -317,3 +317,45 @@ def test_a_browsers_silence_a_bit_off_zero_is_heard_as_digital_silence(libopus: 
         p._data = bytes(encoder.encode(chunk, i))  # type: ignore[attr-defined]
         buffer.add(p)
     assert np.abs(heard[-1]).max() > 0.005
+
+
+def test_a_late_packets_tick_is_made_up_by_libopus_and_the_packet_decoded_after(
+    speech_16k: tuple[np.ndarray, list[tuple[float, float]]],
+) -> None:
+    """The mixer's tick came before packet ``k``: libopus makes up its 20 ms from the
+    voice before it, and packet ``k``, when it comes, decodes as it would have."""
+    packets, _ = _speech_packets(speech_16k, fec_percent=0)
+    complete, _ = _heard(packets, set())
+    sizes = [len(p._data) for p in packets]  # type: ignore[attr-defined]
+    loud = next(i for i in range(5, len(packets)) if min(sizes[i - 4 : i + 1]) > 60)
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    for p in packets[:loud]:
+        buffer.add(p)
+    made = buffer.conceal(CHUNK_SAMPLES)
+    assert made is not None
+    assert len(made) == CHUNK_SAMPLES
+    voice = complete[(loud - 1) * CHUNK_SAMPLES : loud * CHUNK_SAMPLES]
+    assert np.sqrt(np.mean(made**2)) > 0.2 * np.sqrt(np.mean(voice**2))  # voice, not a hole
+    assert buffer.concealed_late == 1
+    for p in packets[loud:]:
+        buffer.add(p)
+    assert len(heard) == len(packets)  # the late packet and the rest, each decoded
+    assert buffer.decoded + buffer.silent == len(packets)
+    # A few ms of the late packet differ (libopus carries on from its guess); the
+    # packets after it are as they were.
+    after = slice((loud + 5) * CHUNK_SAMPLES, None)
+    assert np.allclose(np.concatenate(heard)[after], complete[after], atol=1e-3)
+
+
+def test_nothing_is_made_up_without_libopus_or_for_a_silent_caller() -> None:
+    assert ArrivalOrderAudioBuffer().conceal(CHUNK_SAMPLES) is None  # nothing decoded yet
+    heard: list[np.ndarray] = []
+    buffer = ArrivalOrderAudioBuffer(heard.append, opus_payload_types=[111])
+    encoder = OpusChunkEncoder()
+    for i in range(10):  # digital silence: the decoder comes to rest on its payload
+        p = RtpPacket(payload_type=111, sequence_number=i, timestamp=960 * i)
+        p._data = bytes(encoder.encode(np.zeros(CHUNK_SAMPLES, np.float32), i))  # type: ignore[attr-defined]
+        buffer.add(p)
+    assert buffer.silent > 0
+    assert buffer.conceal(CHUNK_SAMPLES) is None

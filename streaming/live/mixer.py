@@ -11,6 +11,14 @@ needs (``docs/design/audio-in.md`` §2): the lowest level it held at the ticks o
 the caller's network held packets back, then delivered them at once) the call is back
 at its configured delay within about two windows, by skipping the caller's audio, not
 by keeping it queued; video follows the same chunks, so lips and sound skip together.
+
+A microphone packet that comes after its tick, while the caller is speaking, would leave
+a hole of silence in the middle of a word: a click in the voice sent back, and a frame
+whose mouth the model closes. So that tick takes the missing samples from the caller's
+decoder instead (Opus's packet-loss concealment, :meth:`AudioMixer.set_concealment`),
+at most :data:`MAX_CONCEALED_MS` in a row, and as much of the late audio, when it comes,
+is skipped: it was played already, made up (``docs/design/audio-in.md`` §2). A caller
+that was silent, or paused (Opus DTX sends nothing), gets silence as before.
 """
 
 from __future__ import annotations
@@ -37,6 +45,15 @@ PLAYED_EVERY_CHUNKS = 5
 #: Ticks (20 ms each) over which the buffer's lowest level is watched before the excess
 #: is skipped: 0.5 s, so a stall's backlog is gone within about 1 s.
 INBOUND_WINDOW_TICKS = 25
+#: The most of the caller's voice made up in a row for packets that come late (module
+#: doc); a longer gap is silence. libopus's concealment fades out over about as long.
+MAX_CONCEALED_MS = 100.0
+#: Audio made up is owed for this long: what the caller sends later than that is new
+#: (a caller whose Opus DTX paused sends its next packet 400 ms on).
+OWED_FOR_S = 0.2
+
+#: Makes up ``n`` samples of the caller's audio after what it sent last (None: it cannot).
+Concealment = Callable[[int], "np.ndarray | None"]
 
 
 class _SampleQueue:
@@ -120,6 +137,12 @@ class AudioMixer:
         self._lowest = self._max_inbound  # the inbound level's minimum in this window
         self.inbound_dropped_samples = 0  # microphone audio skipped to hold the delay
         self.underruns = 0  # ticks where the microphone had less than a chunk
+        self._concealment: Concealment | None = None
+        self._max_concealed = int(OUT_RATE * MAX_CONCEALED_MS / 1000)
+        self._voiced = False  # the caller's last audio was not silence
+        self._owed = 0  # samples made up, to skip of the late audio when it comes
+        self._owed_at = 0.0
+        self.inbound_concealed_samples = 0  # microphone audio made up for late packets
         self._clock = clock
         self._arrived: deque[tuple[int, float]] = deque()  # (samples fed in all, when)
         self._fed = 0
@@ -130,11 +153,21 @@ class AudioMixer:
         self.on_sound: Callable[[], None] | None = None
         self._pushed_from = 0  # the first chunk that may take pushed audio
 
+    def set_concealment(self, concealment: Concealment | None) -> None:
+        """Where a late packet's samples are made up from (module doc): the caller's
+        decoder, once the call knows it decodes the caller's audio itself."""
+        self._concealment = concealment
+
     def feed_inbound(self, samples: np.ndarray) -> None:
         """Add microphone samples (float32 mono 48 kHz) as they arrive."""
         inbound = np.asarray(samples, dtype=np.float32)
+        if self._owed:
+            inbound = self._pay_owed(inbound)
+        voiced = bool(inbound.any())
+        if len(inbound):
+            self._voiced = voiced
         self._inbound.put(inbound)
-        if self.on_sound is not None and inbound.any():
+        if self.on_sound is not None and voiced:
             self.on_sound()
         self._fed += len(samples)
         self._arrived.append((self._fed, self._clock()))
@@ -161,6 +194,36 @@ class AudioMixer:
     def inbound_skipped_ms(self) -> float:
         """Microphone audio skipped so far, in milliseconds."""
         return self.inbound_dropped_samples * 1000 / OUT_RATE
+
+    def _pay_owed(self, inbound: np.ndarray) -> np.ndarray:
+        """The late audio's part that was made up already is skipped (module doc)."""
+        if self._clock() - self._owed_at > OWED_FOR_S:
+            self._owed = 0
+            return inbound
+        paid = min(self._owed, len(inbound))
+        self._owed -= paid
+        return inbound[paid:]
+
+    def _conceal(self, chunk: np.ndarray, filled: int) -> None:
+        """Make up the rest of ``chunk`` after ``filled`` samples, if the caller was
+        speaking and not too much is made up already (module doc)."""
+        missing = len(chunk) - filled
+        if self._concealment is None or not self._voiced:
+            return
+        if self._owed + missing > self._max_concealed:
+            return
+        made = self._concealment(missing)
+        if made is None or len(made) < missing:
+            return
+        chunk[filled:] += made[:missing]
+        self._owed += missing
+        self._owed_at = self._clock()
+        self.inbound_concealed_samples += missing
+
+    @property
+    def inbound_concealed_ms(self) -> float:
+        """Microphone audio made up for packets that came late, in milliseconds."""
+        return self.inbound_concealed_samples * 1000 / OUT_RATE
 
     def _drop_inbound(self, excess: int) -> None:
         if excess > 0:  # keep the newest
@@ -227,8 +290,11 @@ class AudioMixer:
         if arrived is not None:
             self.chunk_arrivals[self._chunks_made] = arrived
             self.chunk_arrivals.pop(self._chunks_made - 256, None)
-        if self._inbound.size and self._inbound.take_into(chunk) < CHUNK_SAMPLES:
-            self.underruns += 1
+        had = self._inbound.size
+        filled = self._inbound.take_into(chunk) if had else 0
+        if filled < CHUNK_SAMPLES:
+            self.underruns += 1 if had else 0
+            self._conceal(chunk, filled)
         taken = self._pushed.take_into(chunk) if self._chunks_made >= self._pushed_from else 0
         marks = self.utterances.taken(taken, self._chunks_made)
         self._chunks_made += 1

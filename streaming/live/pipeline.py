@@ -179,6 +179,7 @@ class LivePipeline:
             audio_quiet=self.audio_quiet,
             dtx=self._dtx,
             caller_audio=self.mixer.feed_inbound,
+            caller_concealment=self.mixer.set_concealment,
             audio_loss=self.timeline.audio_loss,
         )
 

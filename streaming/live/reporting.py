@@ -298,6 +298,7 @@ class SessionReport:
         buffered: BufferedMedia,
         inbound_skipped_ms: float,
         bitrate_bps: int | None,
+        inbound_concealed_ms: float = 0.0,
         app_audio: AppAudioState,
         idle_clip: str = "idle",
         clips: list[str] | None = None,
@@ -340,6 +341,7 @@ class SessionReport:
             frames_left_out=self.stats.frames_left_out,
             caller_audio_ms=_percentiles(self.stats.caller_audio_ms),
             link=link,
+            inbound_concealed_ms=round(inbound_concealed_ms, 1),
         )
 
 

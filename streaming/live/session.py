@@ -242,6 +242,7 @@ class Session:
             queued_audio_s=mixer.pushed_seconds,
             buffered=self.pipeline.waiting(),
             inbound_skipped_ms=mixer.inbound_skipped_ms,
+            inbound_concealed_ms=mixer.inbound_concealed_ms,
             bitrate_bps=self.peer.target_bitrate_bps,
             app_audio=self.app_audio.state(),
             idle_clip=self.pipeline.idle_clip,

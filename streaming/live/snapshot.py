@@ -103,6 +103,9 @@ class SessionSnapshot:
     caller: bool = True  # False: a session made by POST /sessions (docs/design/broadcast.md §21)
     viewers: int = 0  # viewers watching it now (WHEP)
     outputs: int = 0  # streams it pushes out now (RTMP)
+    #: Microphone audio made up for packets that came after their tick while the caller
+    #: spoke, their late audio skipped (docs/design/audio-in.md §2).
+    inbound_concealed_ms: float = 0.0
 
 
 @dataclass

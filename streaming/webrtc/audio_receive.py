@@ -5,8 +5,9 @@ packet ``k + 4`` is in (80 ms of delay on every call), and after one lost packet
 until its 16 slots overflow and then stays full, releasing one packet per arrival: a
 single loss adds about 220 ms for the rest of the call. A live call needs neither. The
 session's mixer absorbs jitter itself (``docs/design/audio-in.md`` §2): a packet that comes
-late leaves its tick short, the buffer rises by that much when it arrives, and slack
-that is not needed is skipped again. So :class:`ArrivalOrderAudioBuffer` hands every
+late while the caller speaks leaves its tick to be made up by libopus
+(:meth:`ArrivalOrderAudioBuffer.conceal`) and is skipped when it arrives, and slack that
+is not needed is skipped again. So :class:`ArrivalOrderAudioBuffer` hands every
 packet on at once; one older than a packet already handed on (reordered or repeated) is
 dropped, its 20 ms lost rather than played out of order.
 
@@ -61,6 +62,8 @@ logger = logging.getLogger(__name__)
 _HALF_RANGE = 0x8000
 #: Longer gaps are not made up (a caller that paused, or a stream that restarted).
 MAX_CONCEALED = 5
+#: libopus conceals whole 2.5 ms steps (120 samples at 48 kHz).
+_CONCEAL_STEP = 120
 
 
 _S16_SCALE = np.float32(1 / 32768)
@@ -106,6 +109,7 @@ class ArrivalOrderAudioBuffer:
         self.silent = 0  # packets taken as silence without decoding
         self.recovered = 0  # lost packets rebuilt from the next one's FEC
         self.concealed = 0  # lost packets concealed by libopus
+        self.concealed_late = 0  # ticks made up by libopus for a packet not in yet
         self._zeros_from: bytes | None = None  # the payload that last decoded to zeros
         self._at_rest: tuple[bytes, int] | None = None  # ... twice running: its samples
 
@@ -143,6 +147,24 @@ class ArrivalOrderAudioBuffer:
                 self._on_failure(exc)
             return False, None
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
+
+    def conceal(self, samples: int) -> np.ndarray | None:
+        """At least ``samples`` of the caller's voice, made up by libopus after the last
+        packet decoded: the session's tick came before the next packet did
+        (``docs/design/audio-in.md`` §2). None where this buffer does not decode with
+        libopus, has failed, or is at rest on a silent payload. The late packet is
+        decoded as usual when it comes, on the same decoder (libopus carries on from
+        its concealment)."""
+        decoder = self._libopus
+        if decoder is None or self.failed is not None or self._at_rest is not None:
+            return None
+        frames = -(-samples // _CONCEAL_STEP) * _CONCEAL_STEP
+        try:
+            made = decoder.decode(None, samples=frames)
+        except ValueError:
+            return None
+        self.concealed_late += 1
+        return made
 
     def _make_up(self, data: bytes, missing: int) -> None:
         """The ``missing`` packets before ``data``: the last from its FEC, the rest

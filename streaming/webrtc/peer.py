@@ -120,14 +120,17 @@ class PeerMedia:
 
     ``video`` gives frame ``n`` of a ``frame_size`` avatar at ``fps``; ``audio`` gives
     chunk ``n``'s Opus packet; ``caller_audio`` takes the caller's audio as float32
-    48 kHz mono, as it arrives; ``audio_loss`` hears the share of our audio packets the
-    caller reports lost (the Opus encoder adds FEC for it); with ``dtx`` the answer asks
-    the caller for Opus DTX and a caller that asks for it gets the avatar's silence as
-    DTX, its track sleeping through what ``audio_quiet`` says is silence
-    (:mod:`~streaming.webrtc.dtx`); with ``join_late`` (a viewer of a running session)
-    the tracks start at the slot due when media starts to flow. Without ``send`` (a WHIP
-    publisher) the peer only receives: its audio goes to ``caller_audio``, any video it
-    offers is declined (``inactive``), and the tracks are pulled by someone else.
+    48 kHz mono, as it arrives, and ``caller_concealment`` (if given) is told how to make
+    up the caller's audio when a packet is late (the receive buffer's
+    :meth:`~streaming.webrtc.audio_receive.ArrivalOrderAudioBuffer.conceal`);
+    ``audio_loss`` hears the share of our audio packets the caller reports lost (the
+    Opus encoder adds FEC for it); with ``dtx`` the answer asks the caller for Opus DTX
+    and a caller that asks for it gets the avatar's silence as DTX, its track sleeping
+    through what ``audio_quiet`` says is silence (:mod:`~streaming.webrtc.dtx`); with
+    ``join_late`` (a viewer of a running session) the tracks start at the slot due when
+    media starts to flow. Without ``send`` (a WHIP publisher) the peer only receives: its
+    audio goes to ``caller_audio``, any video it offers is declined (``inactive``), and
+    the tracks are pulled by someone else.
     """
 
     clock: SessionClock
@@ -136,6 +139,7 @@ class PeerMedia:
     video: VideoSource
     audio: PacketSource
     caller_audio: Callable[[np.ndarray], None]
+    caller_concealment: Callable[[Callable[[int], np.ndarray | None]], None] | None = None
     audio_loss: Callable[[float], None] | None = None
     audio_quiet: AudioQuiet | None = None
     dtx: bool = False
@@ -266,7 +270,7 @@ class Peer:
             raise OfferError("the offer has no audio or video section")
         for transceiver in pc.getTransceivers():  # before media flows (§2)
             if transceiver.kind == "audio":
-                self._decode_on_arrival(transceiver, media.caller_audio)
+                self._decode_on_arrival(transceiver, media)
         transports = {t.receiver.transport for t in pc.getTransceivers()}
         self._receives = [  # the caller's RTP from the socket's callback (§20)
             DirectReceive(functools.partial(intercept_datagrams, transport))
@@ -316,7 +320,7 @@ class Peer:
         self._dtls.watch(pc)
         for transceiver in pc.getTransceivers():
             if transceiver.kind == "audio":
-                self._decode_on_arrival(transceiver, media.caller_audio)
+                self._decode_on_arrival(transceiver, media)
         transports = {t.receiver.transport for t in pc.getTransceivers()}
         self._receives = [
             DirectReceive(functools.partial(intercept_datagrams, transport))
@@ -325,9 +329,7 @@ class Peer:
         answer = pc.localDescription.sdp if pc.localDescription is not None else ""
         self._answer = with_opus_params(answer, dtx=media.dtx)
 
-    def _decode_on_arrival(
-        self, transceiver: RTCRtpTransceiver, into: Callable[[np.ndarray], None]
-    ) -> None:
+    def _decode_on_arrival(self, transceiver: RTCRtpTransceiver, media: PeerMedia) -> None:
         opus = [
             c.payloadType
             for c in negotiated_codecs(transceiver)
@@ -337,8 +339,10 @@ class Peer:
         def failed(exc: BaseException) -> None:
             self._tasks.fail("audio receive", exc)
 
-        buffer = ArrivalOrderAudioBuffer(into, opus, on_failure=failed)
+        buffer = ArrivalOrderAudioBuffer(media.caller_audio, opus, on_failure=failed)
         install_audio_receive_buffer(transceiver, buffer)
+        if media.caller_concealment is not None and opus:
+            media.caller_concealment(buffer.conceal)
 
     def _receive(self, track: MediaStreamTrack, into: Callable[[np.ndarray], None]) -> None:
         """A track the caller sends: drained (aiortc's queues are unbounded); audio in a

@@ -294,6 +294,12 @@ class SessionState(ResponseModel):
         description="Microphone audio skipped since the call began, so that a backlog "
         "(after a stall or from a caller's faster clock) never adds delay."
     )
+    inbound_concealed_ms: NonNegative = Field(
+        default=0.0,
+        description="Microphone audio made up (Opus packet-loss concealment) since the "
+        "call began, for packets that came after their 20 ms tick while the caller spoke; "
+        "the late audio is skipped when it comes, so the delay stays as it was.",
+    )
     remote: str | None = Field(description="The caller's address as the server saw it.")
     output_fps: NonNegative = Field(
         description="Video frames sent per second over about the last 5 s."
