@@ -6,7 +6,8 @@ and build their answers from the response models; :mod:`web.openapi` generates t
 OpenAPI document from the models and the route table (:data:`OPERATIONS`).
 
 Modules: :mod:`~web.schemas.base` (the two base classes, shared field types, the error
-body), :mod:`~web.schemas.signalling`, :mod:`~web.schemas.inference`,
+body), :mod:`~web.schemas.signalling`, :mod:`~web.schemas.session_state`,
+:mod:`~web.schemas.inference`,
 :mod:`~web.schemas.inference_protocol`, :mod:`~web.schemas.admin`,
 :mod:`~web.schemas.service` (one per tag of the document),
 :mod:`~web.schemas.operation` (how an operation is declared) and
@@ -75,13 +76,12 @@ from web.schemas.operation import Header, Operation, Reply
 from web.schemas.routes import OPERATIONS
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
 from web.schemas.session_control import AvatarSwitched, IdleClipSet, SetIdleClip, SwitchAvatar
+from web.schemas.session_state import AddedDelay, BufferedMedia, SessionState
 from web.schemas.signalling import (
-    AddedDelay,
     Answer,
     AudioQuery,
     Avatar,
     Avatars,
-    BufferedMedia,
     DelayBudget,
     HungUp,
     IceServer,
@@ -90,7 +90,6 @@ from web.schemas.signalling import (
     PlayedUtterance,
     Queued,
     Say,
-    SessionState,
     WebRtcConfig,
 )
 

@@ -23,7 +23,7 @@ from web.schemas.base import (
     SessionStateName,
     UtcTime,
 )
-from web.schemas.signalling import AddedDelay, AppAudio
+from web.schemas.session_state import AddedDelay, AppAudio
 
 
 class LoadRequest(RequestModel):

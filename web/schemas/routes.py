@@ -51,6 +51,7 @@ from web.schemas.inference_protocol import (
 from web.schemas.operation import Header, Operation, Reply, Tag, file_replies
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
 from web.schemas.session_control import AvatarSwitched, IdleClipSet, SetIdleClip, SwitchAvatar
+from web.schemas.session_state import SessionState
 from web.schemas.signalling import (
     Answer,
     AudioQuery,
@@ -60,7 +61,6 @@ from web.schemas.signalling import (
     Offer,
     Queued,
     Say,
-    SessionState,
     StreamQuery,
     TokenQuery,
     WebRtcConfig,
