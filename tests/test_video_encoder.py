@@ -123,6 +123,16 @@ def test_round_trip_decodes_every_frame_with_small_error() -> None:
     assert max(errors) < 6.0, errors
 
 
+def test_a_closed_encoder_frees_its_codec_and_opens_a_new_one_if_asked_again() -> None:
+    enc = encoder(VideoSettings())
+    enc.encode(video_frame(0))
+    assert enc.codec is not None
+    enc.close()  # a call's track stopped: x264's state goes now, not at a full collection
+    assert enc.codec is None
+    payloads, _ = enc.encode(video_frame(1))
+    assert NAL_IDR in nal_types(access_unit(payloads))  # a new stream, from an IDR
+
+
 def test_keyframes_follow_the_configured_interval() -> None:
     enc = encoder(VideoSettings(keyframe_interval_s=0.4))  # 10 frames at 25 fps
     keyframes = [

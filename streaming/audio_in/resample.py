@@ -21,7 +21,9 @@ class MonoResampler:
     def __init__(self, src_rate: int, dst_rate: int) -> None:
         self.src_rate = src_rate
         self.dst_rate = dst_rate
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=dst_rate)
+        self._resampler: av.AudioResampler | None = av.AudioResampler(
+            format="flt", layout="mono", rate=dst_rate
+        )
         self._pts = 0
         self._quiet = False  # the last chunk was zeros in and zeros out
         self.skipped = 0  # chunks of silence not handed to FFmpeg
@@ -46,11 +48,23 @@ class MonoResampler:
         frame.sample_rate = self.src_rate
         frame.pts = self._pts
         self._pts += len(samples)
-        return self._collect(self._resampler.resample(frame))
+        return self._collect(self._filter().resample(frame))
 
     def flush(self) -> np.ndarray:
         """The samples still held in the filter (call at the end of a stream)."""
-        return self._collect(self._resampler.resample(None))
+        return self._collect(self._filter().resample(None))
+
+    def close(self) -> None:
+        """Free FFmpeg's filter graph now, with the two threads it runs on; resampling
+        after this raises. Left to Python, a resampler held in a reference cycle (a
+        call's timeline is one) goes only at the cycle collector's next full collection,
+        which a long-lived server, with its many old objects, makes seldom."""
+        self._resampler = None
+
+    def _filter(self) -> av.AudioResampler:
+        if self._resampler is None:
+            raise RuntimeError("this resampler is closed")
+        return self._resampler
 
     @staticmethod
     def _collect(frames: list[av.AudioFrame]) -> np.ndarray:

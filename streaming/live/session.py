@@ -368,7 +368,10 @@ class Session:
         await self.outputs.close()
         abandoned = await self._tasks.stop(self.pipeline.in_flight)
         self.pipeline.feed.close()
-        await self.peer.close()
+        await self.peer.close()  # its video encoder's codec freed with its track
+        # The codecs now, not at Python's next full collection (a job of the timeline
+        # still on a worker thread fails, unread).
+        self.pipeline.timeline.close()
         outgoing = self.pipeline.renderer.retire()  # a switch still dissolving
         if outgoing is not None:
             outgoing.model.close()

@@ -216,6 +216,11 @@ class AudioTimeline(Generic[T]):
         self._start = 0.0  # the session clock's start, once jobs() runs
         mixer.on_sound = self.wake
 
+    def close(self) -> None:
+        """Free the codecs (Opus, resampler) now, not at Python's next full collection."""
+        self._opus.close()
+        self._to_features.close()
+
     @property
     def next_frame(self) -> int:
         """The next frame the speech gate decides."""

@@ -111,6 +111,11 @@ class AvatarVideoTrack(MediaStreamTrack):
         """Send frames encoded by ``encoder``, the sender's own (before media flows)."""
         self._encoder = encoder
 
+    def stop(self) -> None:
+        super().stop()
+        if self._encoder is not None:  # no frame is encoded for a stopped track
+            self._encoder.close()
+
     @property
     def next_index(self) -> int:
         """The next frame this track will send (earlier frames are no longer wanted)."""
@@ -204,7 +209,7 @@ class OpusChunkEncoder:
                 "packet_loss": str(min(100, fec_percent)),
             }
         codec.open()
-        self._codec = codec
+        self._codec: av.AudioCodecContext | None = codec
         # A codec that has encoded nothing yet would start the first sound it is given
         # ~40 ms late (its first frame has no energies to predict from): it encodes one
         # frame of silence first, as it would have had no silence been skipped.
@@ -220,6 +225,13 @@ class OpusChunkEncoder:
         """The codec has nothing left to send: a chunk of zeros now is :data:`SILENCE`,
         stamped for its place, with no encoder run."""
         return self._settled
+
+    def close(self) -> None:
+        """Free the codec now (libopus, and PyAV's resampler in front of it with the
+        threads its filter graph runs on) rather than whenever Python frees this
+        encoder (:meth:`MonoResampler.close <streaming.audio_in.resample.MonoResampler.close>`
+        says why); encoding after this raises."""
+        self._codec = None
 
     def encode(self, chunk: np.ndarray, index: int) -> av.Packet[Any]:
         """The Opus packet for chunk ``index`` (``CHUNK_SAMPLES`` float32 samples)."""
@@ -241,6 +253,8 @@ class OpusChunkEncoder:
         frame.sample_rate = OUT_RATE
         frame.pts = index * CHUNK_SAMPLES
         frame.time_base = self._time_base
+        if self._codec is None:
+            raise RuntimeError("this Opus encoder is closed")
         packets = self._codec.encode(frame)
         if len(packets) != 1:  # libopus emits exactly one packet per full frame
             raise RuntimeError(f"libopus returned {len(packets)} packets for one 20 ms frame")
