@@ -245,6 +245,7 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "import_disabled": NotFound,
         "load_timeout": ServerError,
         "worker_error": ServerError,
+        "import_incomplete": ServerError,  # 502 (cluster): some workers have the avatar
         "not_loaded": Conflict,
         "unload": ServerError,
         # listeners and client-side failures
