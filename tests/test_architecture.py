@@ -391,6 +391,7 @@ LONG_MODULES = {
     "inference_core/features/stream.py": "one state machine over four buffers trimmed together",
     "inference_core/serving/registry.py": "load states, placement and eviction share entries",
     "inference_core/serving/scheduler.py": "state guarded by one condition variable",
+    "streaming/live/timeline.py": "one audio clock: chunks, the speech gate, deferred silence",
     "streaming/webrtc/compat.py": "the one place that touches aiortc's and aioice's internals",
     "streaming/webrtc/peer.py": "the one holder of the RTCPeerConnection of a call",
     "web/cluster/grpc_front.py": "one routing table for every call of both gRPC services",

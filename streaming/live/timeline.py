@@ -21,15 +21,23 @@ than a tick would leave it further behind at every tick, for good: frames reache
 inference seconds after their deadlines and none was lip-synced again (measured with 4
 live 720p calls on the 2-core development VM, ``docs/changelog.md``, issue 12).
 
-A caller who listens sends digital silence. Once the timeline has been silent past its
-lookahead and the gate's hangover (codec settled, gate at rest), a chunk of zeros gets
-its packet (:data:`SILENCE`) on the loop and its features wait, up to
-:data:`MAX_SILENT_DEFERRED` chunks, for the next job, which makes them first, exactly as
-one job per chunk would; meanwhile the timeline sleeps up to :data:`MAX_SILENT_NAP`
-chunks at a time. Sound (the mixer's ``on_sound``), a switch or an interrupt wakes it:
-it makes what is due and ticks every 20 ms again. Only while the call's idle frames come
-from a shared loop (``defer_silence``): their frames are decided later
-(``docs/design/idle-loops.md`` §16).
+A caller who listens sends digital silence, and its chunks change nothing a job would
+make differently later: once the timeline has been silent for longer than its lookahead
+and the speech gate's hangover, with the codec settled and the gate at rest, a chunk of
+zeros gets its packet (:data:`SILENCE`, stamped) on the loop and its features are put
+off, up to :data:`MAX_SILENT_DEFERRED` chunks; the next job makes them first, in order,
+exactly as it would have one by one, before anything else: the first chunk of sound, a
+switch, an interrupt or a full batch runs it at once. The frames those chunks complete are
+idle and reach the renderer up to that many chunks later, so this applies only while
+the call's idle frames come from a shared loop, whose packet is the same whenever it is
+taken (``defer_silence``). While its chunks wait, the timeline also wakes less often: it
+sleeps up to :data:`MAX_SILENT_NAP` chunks and makes them together (the catch-up path),
+unless sound comes first: the mixer's ``on_sound`` (the caller's audio that is not
+zeros, or audio pushed), a switch or an interrupt wakes it, and it makes what is due
+then and goes back to a chunk per tick, so the chunk that holds the sound is made at its
+own due time. A listening call then hands the workers one job per
+:data:`MAX_SILENT_DEFERRED` + 1 chunks instead of one per chunk, and its timeline wakes
+about four times in those 220 ms instead of eleven (``docs/design/idle-loops.md`` §16).
 
 An interrupt silences what the caller has not heard yet: the queued audio, the
 packets being made (the encoder is replaced: the old one holds speech in its look-ahead)
