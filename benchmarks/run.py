@@ -5,7 +5,8 @@
 Benchmarks (each its own module with ``run(quick) -> dict``): core_throughput, core_overhead,
 protocols, frame_costs, delay, browser_delay, memory, cold_start, sessions_per_core, live_cpu,
 margin, cluster, voice_agent, conversation, avatar_switch, gpu (CUDA only: elsewhere it says why it
-measured nothing).
+measured nothing). ``soak`` (30 minutes of calls; 3 with ``--quick``) runs only when named
+(``--only soak``): the full run is meant to take about 10 minutes.
 Targets are ratios and limits printed as PASS/MISS; nothing here fails a test. Figures
 depend on the machine and its load: compare figures from one run.
 
@@ -45,13 +46,15 @@ BENCHMARKS = (
     "gpu",
     "avatar_switch",
 )
+#: Run only when named with ``--only``: too long for the full run.
+NAMED_ONLY = ("soak",)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs, noisier figures")
     parser.add_argument("--json", type=Path, help="write every result to this file")
-    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS + NAMED_ONLY, metavar="NAME")
     parser.add_argument(
         "--plots", action="store_true", help="also write SVG figures next to the --json file"
     )
