@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -107,6 +108,7 @@ async def test_sigterm_drains_a_live_call_then_exits_cleanly(
         assert "draining: 1 live sessions" in log, log
         assert "(server.drain_timeout_s passed): closing 1 live sessions" in log, log
         assert "reason=server shutdown" in log, log
+        assert re.search(r"start-up heap frozen: \d{5,} objects", log), log  # before serving
         # The drain held the call for the whole timeout.
         assert exited_after >= DRAIN_TIMEOUT_S
 

@@ -14,6 +14,7 @@ single-process app inside a Ray actor, imports no process entry and no signal ha
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.metadata
 import logging
 import signal
@@ -179,6 +180,7 @@ async def run_server(
             # so that a server whose /health answers answers gRPC too.
             if grpc is not None:
                 grpc_listener = await grpc(app)
+            freeze_startup_heap()
             # aiohttp's protocols, wrapped by the connection guard (head timeout, cap).
             listener = await app[GUARD].listen(runner, server.host, server.port)
             logger.info("%s serving on http://%s:%d", name, server.host, server.port)
@@ -200,6 +202,27 @@ async def run_server(
             await runner.cleanup()
     logger.info("%s stopped", name)
     return 0 if app[LIVENESS].failure is None else EXIT_FAILED
+
+
+def freeze_startup_heap() -> int:
+    """Move every object alive once start-up is done out of the cycle collector's reach
+    (``gc.freeze``), after one full collection; returns how many were frozen.
+
+    A full collection walks every tracked object, and a started server holds ~110k of
+    them (modules, classes, settings, the app): ~90 ms on the 2-core development VM, the
+    event loop and every call's frames held meanwhile (a missed slot each, 2-3 frames).
+    What start-up made lives as long as the process, so it need not be walked again;
+    afterwards a full collection walks only what calls made since (0.0 ms measured right
+    after start-up). The price: a cycle among frozen objects that later becomes garbage
+    is never freed, which start-up's objects, alive until exit, do not make. The process
+    entry does this, not the app factory: it is a policy of the process, and an app
+    built in a test or a cluster worker's actor leaves its process's collector alone.
+    """
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    logger.info("start-up heap frozen: %d objects left out of cycle collections", frozen)
+    return frozen
 
 
 async def _until_stopped(signals: ShutdownSignals, app: web.Application) -> str | None:
