@@ -221,3 +221,25 @@ def test_made_up_audio_is_owed_only_briefly() -> None:
     clock.now += OWED_FOR_S + 0.01
     caller.send()
     assert mixer.inbound_ms == 20  # kept whole
+
+
+def test_after_a_made_up_stall_each_chunk_is_timed_from_the_packet_it_took() -> None:
+    """``chunk_arrivals`` (what the caller's audio delay is measured from) names the
+    arrival of the packet a chunk plays, not of the late packets skipped before it."""
+    clock = Clock()
+    mixer, caller, _ = _concealing(clock)
+    caller.sent = 1
+    for _ in range(3):
+        caller.send()
+        _tick(mixer, clock)
+    for _ in range(5):  # 100 ms: the caller's packets held back, made up here
+        _tick(mixer, clock)
+    for _ in range(5):  # they come, one by one, then the current one
+        clock.now += 0.002
+        caller.send()
+    clock.now += 0.002
+    arrived = clock.now
+    caller.send()
+    chunk = mixer.next_chunk()
+    assert packet_of(chunk) == caller.sent - 1
+    assert mixer.chunk_arrivals[8] == arrived

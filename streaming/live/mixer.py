@@ -169,7 +169,7 @@ class AudioMixer:
         self._inbound.put(inbound)
         if self.on_sound is not None and voiced:
             self.on_sound()
-        self._fed += len(samples)
+        self._fed += len(inbound)  # what the queue holds: a late packet's made-up part not
         self._arrived.append((self._fed, self._clock()))
         while len(self._arrived) > 64:
             self._arrived.popleft()
