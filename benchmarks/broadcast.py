@@ -128,10 +128,11 @@ async def _with_viewers(
         sys.executable,
         "-m",
         "benchmarks.whep_load",
-        url,
-        session.session_id,
         *("--viewers", str(viewers), "--seconds", str(seconds), "--decode", "1"),
         *(() if remb else ("--no-remb",)),
+        "--",  # a session id may begin with "-"
+        url,
+        session.session_id,
         stdout=asyncio.subprocess.PIPE,
     )
     try:

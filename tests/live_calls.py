@@ -7,17 +7,19 @@ assert counts, states and ratios, e.g. the frames that carried lip-sync against 
 frames the caller spoke (:func:`speech_frames`, :func:`frames_due`).
 
 A live frame is lip-synced only if it is ready by its send slot, ``session.delay_s`` after
-its audio. With the default ``pipeline_margin_ms`` (40 ms) a loaded machine turns
-scheduling delays into dropped lip-sync, which is a question of speed, not of behaviour:
-tests that count lip-synced frames give the server :data:`GENEROUS_MARGIN_MS` instead.
-Even that margin is not enough when two copies of the suite run their two-call tests at
-the same moment (four calls and four in-process callers on two cores): the server then
-drops frames as it must (``docs/design/delay.md`` §8). So a test checks what holds at any
-speed (:func:`assert_lip_synced`): the speech gate followed the caller's speech, frames
-carried lip-sync, and every frame that did not was dropped for lateness, never for a
-fault. Whether the default budget is met is measured by ``benchmarks/delay.py`` (added
-delay p95) and ``benchmarks/sessions_per_core.py`` (>= 24 fps with <= 1% of lip-sync
-dropped).
+its audio: the model's lookahead, one audio tick and ``session.pipeline_margin_ms`` (40 ms
+by default) for inference and compositing. The live tests run at that default, as a user
+does, and ask what a user would see (:func:`assert_lip_synced`): the speech gate followed
+the caller's speech, at least :data:`LIP_SYNCED_SHARE` of the frames it sent to be
+lip-synced went out with their face (counted by the session itself, ``GET
+/sessions/{id}``), and every frame that did not was dropped for lateness, never for a
+fault. A test whose subject needs more time than the default gives (several calls at once
+on two cores, a relay in another process, a page driven by a browser doing the same
+work) sets :data:`SLACK_MARGIN_MS` and says why where it does.
+
+``LIP_SYNC_REPORT=FILE`` (not ``LIPSTREAM_*``: those are settings overrides) makes
+:func:`assert_lip_synced` append each call's frames due and lip-synced to ``FILE`` (a
+JSON line per call, with the test's name), so a run of the suite reports them per test.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -42,8 +46,10 @@ T = TypeVar("T")
 #: How long a test waits for something a live call should do in well under a second.
 #: Generous: another suite may be running on the same two cores.
 TIMEOUT_S = 60.0
-#: ``session.pipeline_margin_ms`` for tests that count lip-synced frames (see above).
-GENEROUS_MARGIN_MS = 1000.0
+#: The share of the frames due to be lip-synced that must go out with their face.
+LIP_SYNCED_SHARE = 0.95
+#: ``session.pipeline_margin_ms`` for a test whose subject needs slack (module doc).
+SLACK_MARGIN_MS = 1000.0
 FPS = 25
 #: Why a frame may miss lip-sync on a machine too busy for real time: the call drops it
 #: rather than fall behind (``streaming/live/renderer.py``). Any other reason is a fault.
@@ -87,18 +93,49 @@ def frames_due(state: Mapping[str, Any]) -> int:
     return int(state["frames_inferred"]) + sum(state["frames_dropped"].values())
 
 
-def assert_lip_synced(state: Mapping[str, Any], *, due_at_least: float) -> None:
-    """Assert a call lip-synced what it was due to, as far as the machine's speed allowed.
+def assert_lip_synced(
+    state: Mapping[str, Any], *, due_at_least: float, share: float = LIP_SYNCED_SHARE
+) -> None:
+    """Assert a call lip-synced what it was due to.
 
     ``state`` is ``GET /sessions/{id}``. The speech gate sent at least ``due_at_least``
-    frames to be lip-synced (so the caller's audio reached it), some of them went out
-    with their face, and the rest were dropped only for lateness (:data:`LATENESS`).
+    frames to be lip-synced (so the caller's audio reached it), at least ``share`` of
+    them went out with their face, and the rest were dropped only for lateness
+    (:data:`LATENESS`).
     """
     due = frames_due(state)
+    inferred = int(state["frames_inferred"])
+    _report(due, inferred, dict(state["frames_dropped"]))
     assert due >= due_at_least, f"the speech gate sent {due} frames, expected >= {due_at_least}"
-    assert state["frames_inferred"] > 0, f"no frame carried lip-sync: {dict(state)}"
     faults = {r: n for r, n in state["frames_dropped"].items() if r not in LATENESS}
     assert not faults, f"frames dropped for something other than lateness: {faults}"
+    assert inferred >= share * due, (
+        f"{inferred} of the {due} frames due went out lip-synced (< {share:.0%}); dropped: "
+        f"{dict(state['frames_dropped'])}"
+    )
+
+
+def _report(due: int, inferred: int, dropped: dict[str, int]) -> None:
+    path = os.environ.get("LIP_SYNC_REPORT")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    line = {"test": test, "due": due, "lip_synced": inferred, "dropped": dropped}
+    with open(path, "a", encoding="utf-8") as report:
+        report.write(json.dumps(line) + "\n")
+
+
+def since(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What a call's counters did between two ``GET /sessions/{id}``: ``frames_inferred``
+    and ``frames_dropped`` as differences, for :func:`assert_lip_synced` over a window."""
+    dropped = {
+        reason: count - before["frames_dropped"].get(reason, 0)
+        for reason, count in after["frames_dropped"].items()
+    }
+    return {
+        "frames_inferred": after["frames_inferred"] - before["frames_inferred"],
+        "frames_dropped": {reason: n for reason, n in dropped.items() if n},
+    }
 
 
 async def session_state(

@@ -24,7 +24,6 @@ from inference_core.serving.snapshot import CoreSnapshot, DeviceSnapshot
 from streaming.idle_loops.cache import IdleLoopStats
 from streaming.live.snapshot import AddedDelay, SessionSnapshot, SessionsSnapshot, SessionTotals
 from tests.browser_page import browser_page
-from tests.live_calls import GENEROUS_MARGIN_MS
 from tests.snapshots import link_snapshot, session_snapshot
 from web.app import build_app
 from web.cluster.aggregate import merged_history
@@ -357,7 +356,6 @@ async def server(tmp_path: Path, loopback: None) -> AsyncIterator[TestServer]:
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "devices": {"kind": "cpu"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             "server": {"history_points": 600, "history_interval_s": 1.0},
         }
     )

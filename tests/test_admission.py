@@ -32,7 +32,7 @@ from streaming.live.admission import (
     refusal,
     usable_cpus,
 )
-from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, speech_frames
+from tests.live_calls import assert_lip_synced, speech_frames
 from tests.media import speech_with_pauses, write_wav
 from tests.packages import H as PACKAGE_H
 from tests.packages import W as PACKAGE_W
@@ -330,8 +330,6 @@ async def test_a_full_server_refuses_a_third_call_at_once_and_keeps_the_two(
             "devices": {"kind": "cpu", "count": 1},
             "video": {"preset": "ultrafast"},
             "server": {"admission_headroom": 1.0, "cpu_ms_per_session_frame": per_720p_frame},
-            # Lip-synced frames are counted: a busy machine delays them instead of dropping.
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     pcm, spans = speech_with_pauses(tmp_path, ("one two three four five six seven",), 0.5)

@@ -29,7 +29,7 @@ from inference_core.avatars.locator import AvatarLocator
 from inference_core.avatars.package import AvatarPackage
 from inference_core.serving.core import InferenceCore
 from inference_core.serving.devices import Device
-from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, session_state, until
+from tests.live_calls import TIMEOUT_S, session_state, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.app import build_app
@@ -86,7 +86,6 @@ async def client(
         {
             "avatars": {"root": str(root), "data_dir": str(tmp_path / "data"), "demo": False},
             "video": {"preset": "ultrafast", "shared_idle": True},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     core = InferenceCore(settings, AvatarLocator(root), session_factory=gate)

@@ -18,7 +18,7 @@ from streaming.broadcast.feed import KEPT_FRAMES, STEPS_AFTER_S, VideoFeed, View
 from streaming.live.send_buffers import SendBuffers
 from streaming.webrtc.tracks import SILENCE, stamped
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder, payload_packet
-from tests.live_calls import GENEROUS_MARGIN_MS, session_state, until
+from tests.live_calls import assert_lip_synced, frames_due, session_state, until
 from tests.media import require_espeak
 from tests.webrtc_client import Caller
 from tests.whep_viewer import Viewer, luma_digest
@@ -164,7 +164,7 @@ def test_viewers_hear_the_sessions_audio_packets_left_in_place() -> None:
 
 
 def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:
-    session = {"pipeline_margin_ms": GENEROUS_MARGIN_MS, **sections.pop("session", {})}
+    session = sections.pop("session", {})
     return Settings.model_validate(
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
@@ -212,8 +212,14 @@ async def test_viewers_of_a_callerless_session_see_one_encode(client: Client) ->
         assert "\nlipstream_sessions_callerless 1.0\n" in metrics
         (listed,) = (await (await client.get("/admin/sessions")).json())["sessions"]
         assert (listed["caller"], listed["viewers"], listed["outputs"]) == (False, 3, 0)
-        await until(lambda: _frames_inferred(client, sid) > 0, "a lip-synced frame of the sentence")
-        state = await session_state(client, sid)
+
+        async def spoken() -> dict[str, Any] | None:
+            state = await session_state(client, sid)
+            done = state["queued_audio_s"] == 0 and not state["app_audio"]["speaking"]
+            return state if done and frames_due(state) >= 20 else None
+
+        state = await until(spoken, "the sentence to be spoken")
+        assert_lip_synced(state, due_at_least=20)  # at the default margin, as served
         # Encoded once for everyone: every frame sent is the session's encode or its
         # shared idle loop's, not one per viewer.
         made = state["frames_encoded"] + state["frames_shared"]
@@ -244,11 +250,6 @@ async def test_viewers_of_a_callerless_session_see_one_encode(client: Client) ->
     finally:
         for viewer in viewers:
             await viewer.close()
-
-
-def _frames_inferred(client: Client, session_id: str) -> int:
-    frames: int = client.app[SESSIONS].get(session_id).stats.frames_inferred
-    return frames
 
 
 def _viewers_are(client: Client, session_id: str, count: int) -> Any:

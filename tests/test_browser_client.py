@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from config.settings import Settings
 from tests.browser_page import browser_page
-from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.live_calls import until
 from tests.media import require_espeak
 from web.app import build_app
 from web.app_keys import SESSIONS, SETTINGS
@@ -96,7 +96,6 @@ async def server(
             "server": {"cors_origins": [app_origin]},
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(data_dir)},
             "devices": {"kind": "cpu"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             **extra,
         }
     )

@@ -24,7 +24,6 @@ from aiohttp.test_utils import TestServer
 from config.settings import Settings
 from inference_core.assets.demo_avatar import write_demo_avatar
 from tests.browser_page import browser_page
-from tests.live_calls import GENEROUS_MARGIN_MS
 from web.app import build_app
 
 if TYPE_CHECKING:
@@ -70,7 +69,6 @@ async def server(tmp_path: Path, loopback: None) -> AsyncIterator[TestServer]:
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "devices": {"kind": "cpu"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     async with TestServer(build_app(settings), host="127.0.0.1") as test_server:

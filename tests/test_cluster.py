@@ -25,7 +25,6 @@ from ray.cluster_utils import Cluster
 from benchmarks.chromium import caller_page
 from config.settings import Settings
 from tests.live_calls import (
-    GENEROUS_MARGIN_MS,
     TIMEOUT_S,
     assert_lip_synced,
     speech_frames,
@@ -73,7 +72,6 @@ async def front(
             "devices": {"kind": "cpu", "count": 1},
             "video": {"preset": "ultrafast"},
             "server": {"ice_loopback_only": True, "max_sessions": MAX_SESSIONS_PER_WORKER},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             # A healthy worker's report must not miss its timeout on a loaded machine.
             "cluster": {
                 "workers": 2,

@@ -79,13 +79,14 @@ async def test_two_listening_calls_share_one_loop_and_each_shows_its_own_place(
     client: TestClient[object, object], tmp_path: Path
 ) -> None:
     raw = _raw_luma(tmp_path / "avatars" / "demo")
-    first, second = Caller(client), Caller(client)
+    # Their own REMB off: a loaded CPU made aiortc ask for less (a full run saw a frame
+    # of the lower rung, 33 dB, among these); the full rate is the rung these PSNR
+    # bounds are for.
+    first, second = Caller(client, own_remb=False), Caller(client, own_remb=False)
     try:
         await first.connect()
-        _without_own_remb(first)
         await _shared(client, first, 40)
         await second.connect()  # joins later: another place in the loop
-        _without_own_remb(second)
         await _shared(client, second, 80)
         await _shared(client, first, 120)
         await first.wait_for_frames(100)
@@ -114,19 +115,12 @@ async def test_two_listening_calls_share_one_loop_and_each_shows_its_own_place(
         await second.hang_up()
 
 
-def _without_own_remb(caller: Caller) -> None:
-    """Switch off the caller's own REMB: aiortc estimates from arrival times, and a CPU
-    the rest of the suite loads makes it ask for less (a full run saw a frame of the
-    lower rung, 33 dB, among these). Without REMB the link stays at the full rate
-    (loss-based, and loopback loses nothing), the rung these PSNR bounds are for."""
-    receiver = next(t.receiver for t in caller.pc.getTransceivers() if t.kind == "video")
-    receiver._RTCRtpReceiver__remote_bitrate_estimator = None  # type: ignore[attr-defined]
-
-
 async def test_a_receiver_whose_remb_drops_gets_a_lower_rung_that_fits(
     client: TestClient[object, object],
 ) -> None:
-    caller = Caller(client)
+    # Its own estimator off: this receiver stands for a congested link that keeps
+    # asking for 0.3x of the configured bitrate.
+    caller = Caller(client, own_remb=False)
     caller.keep_luma = False
     try:
         await caller.connect()
@@ -134,9 +128,6 @@ async def test_a_receiver_whose_remb_drops_gets_a_lower_rung_that_fits(
         session = _manager(client).get(caller.session_id)
         sharing = session.pipeline.sharing
         assert sharing is not None
-        # This receiver's own estimator would send its own REMB; it stands for a
-        # congested link that keeps asking for 0.3x of the configured bitrate.
-        _without_own_remb(caller)
         receiver = next(t.receiver for t in caller.pc.getTransceivers() if t.kind == "video")
         ssrc = receiver.getSynchronizationSources()[0].source
         configured = _manager(client).encoders.config(*SIZE).bitrate

@@ -38,7 +38,6 @@ from inference_core.importers import (
     write_package,
 )
 from streaming.offline.render import RenderOptions, render_file
-from tests.live_calls import GENEROUS_MARGIN_MS
 from tests.media import speech_with_pauses, write_wav
 from tests.onnx_builders import tiny_lipsync
 from tests.webrtc_client import Caller
@@ -325,7 +324,6 @@ async def test_a_live_call_lip_syncs_on_an_imported_avatar(
         {
             "avatars": {"root": str(root), "data_dir": str(tmp_path / "data"), "demo": False},
             "video": {"preset": "ultrafast"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     pcm, _ = speech_with_pauses(tmp_path, ("hello from an imported avatar",), pause_s=0.5)

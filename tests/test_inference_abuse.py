@@ -7,6 +7,7 @@ sending lip-synced frames all along: nothing a raw client sends can stall a call
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from tests.grpc_served import (
     served,
     settings_for,
 )
-from tests.live_calls import GENEROUS_MARGIN_MS, session_state, until
+from tests.live_calls import assert_lip_synced, session_state, since, until
 from tests.media import write_wav
 from tests.webrtc_client import Caller
 from web.inference.grpc_server import message_limits
@@ -46,7 +47,6 @@ async def server(tmp_path: Path, loopback: None) -> AsyncIterator[Served]:
         root,
         avatars={"root": str(root), "data_dir": str(tmp_path / "data"), "demo": True},
         video={"preset": "ultrafast"},
-        session={"pipeline_margin_ms": GENEROUS_MARGIN_MS},
     )
     async with served(settings) as running:
         yield running
@@ -149,9 +149,16 @@ async def test_malformed_requests_are_refused_while_a_call_speaks_on(
                 request_serializer=pb.ModelInferRequest.SerializeToString,
                 response_deserializer=pb.ModelInferResponse.FromString,
             )
-            oversized = _grpc_request([1, 6, 320, 320], b"\0" * (limit + 1))
+            # 76 MiB: made and serialised off the loop, which the server shares with this
+            # test's client (the call it serves must not wait for the client's copies).
+            oversized = await asyncio.to_thread(_serialised_request, limit + 1)
+            send_bytes = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=None,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await infer(oversized)
+                await send_bytes(oversized)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             absurd = _grpc_request([1, 6, 320, 2**40], bytes(FRAME_BYTES))
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -169,19 +176,21 @@ async def test_malformed_requests_are_refused_while_a_call_speaks_on(
             answer = await infer(good)
             assert len(answer.raw_output_contents[0]) == 3 * 320 * 320 * 4
 
-        # ...and the call kept speaking: a second of lip-synced frames more, none
-        # dropped for a fault.
-        def spoke_on(state: dict[str, Any]) -> bool:
-            return bool(state["frames_inferred"] >= before["frames_inferred"] + 25)
+        # ...and the call kept speaking: a second of lip-synced frames more.
+        async def spoke_on() -> dict[str, Any] | None:
+            state = await session_state(server.http, caller.session_id)
+            return state if state["frames_inferred"] >= before["frames_inferred"] + 25 else None
 
-        state = await until(lambda: session_state(server.http, caller.session_id), spoke_on)
+        state = await until(spoke_on, "a second more of lip-synced frames")
         assert state["state"] == "streaming"
-        # late, not_ready and overload (too many in flight after a stall) are a busy
-        # machine's drops (streaming/live/renderer.py); anything else is a fault.
-        faults = set(state["frames_dropped"]) - {"late", "not_ready", "overload"}
-        assert not faults, state["frames_dropped"]
+        # Through the abuse the call lip-synced what it was due to, at the default margin.
+        assert_lip_synced(since(before, state), due_at_least=25)
     finally:
         await caller.close()
+
+
+def _serialised_request(visual_bytes: int) -> bytes:
+    return _grpc_request([1, 6, 320, 320], bytes(visual_bytes)).SerializeToString()
 
 
 def _grpc_request(

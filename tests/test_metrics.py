@@ -25,7 +25,7 @@ from inference_core.serving.scheduler import DeviceScheduler
 from streaming.live.reporting import SENDING, STAGES
 from streaming.live.tasks import END_REASONS
 from streaming.live.tasks import STAGES as TASK_STAGES
-from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.live_calls import until
 from tests.packages import make_package
 from tests.snapshots import link_snapshot
 from tests.test_scheduler import FakeClock, RecordingRunner, frame, settle
@@ -317,8 +317,6 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "video": {"preset": "ultrafast"},
-            # Lip-synced frames are counted: a busy machine delays them instead of dropping.
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     app = build_app(settings)

@@ -32,7 +32,7 @@ import lipstream_client as lc
 from compositor.yuv import bgr_to_i420
 from inference_core.assets.demo_avatar import ensure_demo_avatar, write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
-from tests.live_calls import GENEROUS_MARGIN_MS, TIMEOUT_S, until
+from tests.live_calls import TIMEOUT_S, until
 from tests.media import espeak_wav, read_wav, resample_linear
 from tests.server_process import lipstream_serve
 from tests.test_streaming import MouthProbe
@@ -175,11 +175,7 @@ async def test_a_pipecat_pipeline_lip_syncs_tts_and_honours_interruptions(
         tmp_path, "long", "this is a long sentence that keeps on going and going for a good while"
     )
     assert len(long) / RATE > 3.0
-    # One YAML line per key: the session section rides on the last server line's end.
-    server_lines = {
-        "ice_loopback_only": f"true\nsession:\n  pipeline_margin_ms: {GENEROUS_MARGIN_MS}"
-    }
-    async with lipstream_serve(tmp_path, server=server_lines) as server:
+    async with lipstream_serve(tmp_path, server={"ice_loopback_only": "true"}) as server:
         url = f"http://127.0.0.1:{server.port}"
         probe = MouthProbe(AvatarPackage.load(ensure_demo_avatar(tmp_path / "data")))
         tts, avatar, sink = (

@@ -28,7 +28,6 @@ from aiohttp.test_utils import TestServer
 from benchmarks.chromium import caller_page
 from config.settings import MIB, ServerSettings, SessionSettings, Settings
 from inference_core.adapter.spec import AdapterSpec
-from tests.live_calls import GENEROUS_MARGIN_MS
 from tests.nginx_proxy import DOCUMENTED_SITE, Nginx, TlsCertificate, run_nginx, self_signed
 from tests.test_demo_page import (
     TIMEOUT_MS,
@@ -114,7 +113,6 @@ async def lipstream(
             "server": server,
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(data_dir)},
             "devices": {"kind": "cpu"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     test_server = TestServer(build_app(settings), host="127.0.0.1")

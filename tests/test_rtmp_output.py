@@ -25,7 +25,7 @@ from inference_core.assets.demo_avatar import write_demo_avatar
 from inference_core.avatars.package import AvatarPackage
 from streaming.broadcast.h264_units import access_unit, nal_units
 from streaming.webrtc.video_encoder import EncoderFactory
-from tests.live_calls import GENEROUS_MARGIN_MS, session_state, until
+from tests.live_calls import session_state, until
 from tests.media import require_espeak
 from tests.nginx_proxy import free_port
 from tests.rtmp_server import RtmpServer, run_rtmp_server
@@ -128,7 +128,6 @@ def _settings(tmp_path: Path, **outputs: Any) -> Settings:
         {
             "avatars": {"root": str(root), "data_dir": str(tmp_path / "data"), "demo": False},
             "video": {"preset": "ultrafast"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             "outputs": {"allow_private": True, "retry_max_s": 2.0, **outputs},
         }
     )

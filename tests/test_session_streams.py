@@ -35,7 +35,7 @@ from streaming.live.mixer import AudioMixer
 from streaming.live.session import Session
 from streaming.live.stream_in import AudioStreamIn
 from streaming.live.utterances import Mark, Playback, UtteranceLedger
-from tests.live_calls import GENEROUS_MARGIN_MS, assert_lip_synced, until
+from tests.live_calls import assert_lip_synced, until
 from tests.media import SAMPLE_RATE, resample_linear, speech_with_pauses, write_wav
 from tests.test_streaming import MouthProbe, _package
 from tests.webrtc_client import Caller
@@ -52,7 +52,6 @@ Client = TestClient[Any, Any]
 
 def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:
     session = {
-        "pipeline_margin_ms": GENEROUS_MARGIN_MS,  # counted lip-sync (tests/live_calls.py)
         "max_stream_buffer_s": MAX_BUFFER_S,
         **sections.pop("session", {}),
     }

@@ -31,7 +31,7 @@ from aiohttp.test_utils import TestServer
 
 from config.settings import Settings
 from tests.browser_page import browser_page
-from tests.live_calls import FPS, GENEROUS_MARGIN_MS, assert_lip_synced, until
+from tests.live_calls import FPS, assert_lip_synced, until
 from tests.media import espeak_wav, read_wav, write_wav
 from web.app import build_app
 from web.app_keys import SESSIONS
@@ -159,7 +159,6 @@ async def server(tmp_path: Path, data_dir: Path, loopback: None) -> AsyncIterato
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(data_dir)},
             "devices": {"kind": "cpu"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             "video": {"shared_idle": True},
         }
     )

@@ -44,7 +44,7 @@ from streaming.live.mixer import AudioMixer
 from streaming.live.pipeline import LivePipeline
 from streaming.live.session import Session
 from streaming.live.timeline import AudioTimeline
-from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.live_calls import until
 from tests.media import write_wav
 from web.app import build_app
 from web.app_keys import SESSIONS
@@ -72,7 +72,6 @@ async def client(avatar_root: Path, loopback: None) -> AsyncIterator[Client]:
             "devices": {"kind": "cpu", "count": 1},
             "video": {"preset": "ultrafast"},
             "server": {"offer_rate_limit_per_minute": 0},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
         }
     )
     async with TestClient(TestServer(build_app(settings), host="127.0.0.1")) as test_client:

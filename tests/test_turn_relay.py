@@ -47,7 +47,6 @@ from config.settings import Settings
 from streaming.webrtc.turn import turn_credentials
 from tests.coturn import Coturn, running_coturn
 from tests.live_calls import (
-    GENEROUS_MARGIN_MS,
     TIMEOUT_S,
     assert_lip_synced,
     speech_frames,
@@ -114,8 +113,6 @@ async def server(tmp_path: Path, namespace: Namespace, coturn: Coturn) -> AsyncI
                 "demo": False,
             },
             "video": {"preset": "ultrafast"},
-            # Lip-synced frames are counted: a busy machine delays them instead of dropping.
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             "turn": {"urls": [coturn.url], "secret": SECRET, "ttl_s": 600},
         }
     )

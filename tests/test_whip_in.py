@@ -15,7 +15,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 
 from config.settings import Settings
-from tests.live_calls import GENEROUS_MARGIN_MS, session_state, until
+from tests.live_calls import session_state, until
 from tests.media import speech_with_pauses, write_wav
 from tests.whep_viewer import Viewer
 from web.app import build_app
@@ -32,7 +32,6 @@ def _settings(tmp_path: Path, **sections: Any) -> Settings:
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "video": {"preset": "ultrafast"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             **sections,
         }
     )

@@ -21,7 +21,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from config.settings import Settings
 from tests.janus_whip import ROOM, JanusWhip, run_janus_whip
-from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.live_calls import until
 from web.app import build_app
 from web.app_keys import SESSIONS
 
@@ -125,7 +125,6 @@ async def _lipstream(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
         {
             "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
             "video": {"preset": "ultrafast"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             "outputs": {"allow_private": True, "retry_max_s": 2},
         }
     )

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
-from tests.live_calls import GENEROUS_MARGIN_MS, until
+from tests.live_calls import until
 from tests.media import require_espeak
 from web.app import build_app
 from web.app_keys import SESSIONS
@@ -25,7 +25,6 @@ def _settings(tmp_path: Path, name: str, **sections: Any) -> Settings:
         {
             "avatars": {"root": str(tmp_path / name), "data_dir": str(tmp_path / f"{name}-data")},
             "video": {"preset": "ultrafast"},
-            "session": {"pipeline_margin_ms": GENEROUS_MARGIN_MS},
             **sections,
         }
     )

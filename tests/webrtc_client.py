@@ -40,6 +40,11 @@ class Caller:
     records what arrives for the tests. ``client`` is the in-process test client, or a
     ``ClientSession(base_url=...)`` for a server in another process. ``headers`` may carry
     ``Authorization: Bearer <token>``. ``configuration`` sets ICE servers (a TURN relay).
+    ``own_remb=False`` switches aiortc's own bandwidth estimator off once the call is
+    made: aiortc estimates from arrival times, and a CPU the rest of the suite loads makes
+    it ask for less, which steps the call down the quality ladder. Without REMB the link
+    stays at the full rate (loss-based, and loopback loses nothing): for tests whose
+    subject is not the link.
     """
 
     def __init__(
@@ -49,7 +54,9 @@ class Caller:
         headers: dict[str, str] | None = None,
         *,
         configuration: RTCConfiguration | None = None,
+        own_remb: bool = True,
     ) -> None:
+        self.own_remb = own_remb
         self.client = client
         self.headers = headers or {}
         self.avatar = avatar
@@ -98,6 +105,9 @@ class Caller:
         )
         self.session_id = self.call.session_id
         for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "video" and not self.own_remb:
+                receiver = transceiver.receiver
+                receiver._RTCRtpReceiver__remote_bitrate_estimator = None  # type: ignore[attr-defined]
             codecs = negotiated_codecs(transceiver)
             if transceiver.kind == "video" and codecs:
                 self.received.video_codec = codecs[0].mimeType
