@@ -126,8 +126,9 @@ def _report(due: int, inferred: int, dropped: dict[str, int]) -> None:
 
 
 def since(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """What a call's counters did between two ``GET /sessions/{id}``: ``frames_inferred``
-    and ``frames_dropped`` as differences, for :func:`assert_lip_synced` over a window."""
+    """What a call's counters did between two ``GET /sessions/{id}``: ``frames_inferred``,
+    ``frames_dropped`` and ``inbound_concealed_ms`` as differences, for
+    :func:`assert_lip_synced` over a window."""
     dropped = {
         reason: count - before["frames_dropped"].get(reason, 0)
         for reason, count in after["frames_dropped"].items()
@@ -135,6 +136,7 @@ def since(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]
     return {
         "frames_inferred": after["frames_inferred"] - before["frames_inferred"],
         "frames_dropped": {reason: n for reason, n in dropped.items() if n},
+        "inbound_concealed_ms": after["inbound_concealed_ms"] - before["inbound_concealed_ms"],
     }
 
 

@@ -200,7 +200,10 @@ async def test_viewers_of_a_callerless_session_see_one_encode(client: Client) ->
         for viewer in viewers:
             await viewer.watch()
         await until(lambda: all(len(v.watched.pictures) >= 40 for v in viewers), "40 pictures each")
-        said = await client.post(f"/sessions/{sid}/say", json={"text": "Hello to all of you."})
+        # Three seconds of speech or more: the share lip-synced is of 75 frames, not of
+        # 30, where a late start-up frame on a loaded machine was 3 % alone.
+        text = "Hello to all of you, and thank you for watching this broadcast with us."
+        said = await client.post(f"/sessions/{sid}/say", json={"text": text})
         assert said.status == 202
         await until(lambda: all(v.watched.audio_peak > 0.05 for v in viewers), "the voice")
         state = await session_state(client, sid)
@@ -216,10 +219,10 @@ async def test_viewers_of_a_callerless_session_see_one_encode(client: Client) ->
         async def spoken() -> dict[str, Any] | None:
             state = await session_state(client, sid)
             done = state["queued_audio_s"] == 0 and not state["app_audio"]["speaking"]
-            return state if done and frames_due(state) >= 20 else None
+            return state if done and frames_due(state) >= 75 else None
 
         state = await until(spoken, "the sentence to be spoken")
-        assert_lip_synced(state, due_at_least=20)  # at the default margin, as served
+        assert_lip_synced(state, due_at_least=75)  # at the default margin, as served
         # Encoded once for everyone: every frame sent is the session's encode or its
         # shared idle loop's, not one per viewer.
         made = state["frames_encoded"] + state["frames_shared"]

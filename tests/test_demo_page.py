@@ -395,9 +395,10 @@ async def test_every_frame_of_a_burst_carries_the_face(
 ) -> None:
     """Eight bursts of a buzz into the demo page's microphone, at the default settings:
     within each burst no frame is shown with the avatar's closed mouth unless the
-    session counted it as not sent lip-synced (a dropped frame), and at least 95 % of
-    the frames due went out lip-synced. A caller's packet that comes after its tick used
-    to leave its 20 ms silent and the frame's mouth closed, with nothing counted."""
+    session counted it as not sent lip-synced (a dropped frame) or made up its audio
+    (``inbound_concealed_ms``), and at least 95 % of the frames due went out lip-synced.
+    A caller's packet that comes after its tick used to leave its 20 ms silent and the
+    frame's mouth closed, with nothing counted."""
     avatar = ensure_demo_avatar(data_dir)
     frame_size = json.loads((avatar / "avatar.json").read_text())["frame_size"]
     await _start_call(burst_page, server, microphone=True)
@@ -415,6 +416,15 @@ async def test_every_frame_of_a_burst_carries_the_face(
     window = since(before, _session(server))
     bursts, holes = bursts_and_holes(shown)
     dropped = sum(window["frames_dropped"].values())
-    assert len(holes) <= dropped, (holes, window["frames_dropped"], [len(b) for b in bursts])
+    # Each 20 ms of the caller's voice made up for a packet that came late (a browser
+    # starved of the CPU sends 100 ms at once) may close a mouth: that audio is what the
+    # avatar says there. Without concealment such a tick was silence, and counted nothing.
+    made_up = int(window["inbound_concealed_ms"] // 20)
+    assert len(holes) <= dropped + made_up, (
+        holes,
+        window["frames_dropped"],
+        window["inbound_concealed_ms"],
+        [len(b) for b in bursts],
+    )
     assert_lip_synced(window, due_at_least=8 * BURST_S * 25)
     await _hang_up(burst_page, server)
