@@ -19,7 +19,6 @@
 # (devices.kind auto). docs/operations/deployment.md, "GPU image", has the run lines and MPS notes.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
-ARG FLAVOUR=cpu
 
 # espeak-ng: the built-in text-to-speech engine ("say"); the rest is in the wheels.
 RUN apt-get update \
@@ -34,16 +33,22 @@ ENV VIRTUAL_ENV=/opt/lipstream \
 RUN python3 -m venv /opt/lipstream
 
 # Dependencies first, from pyproject.toml alone: a code change does not re-install them.
+# Those both flavours share come first, so that building the other flavour reuses them
+# (FLAVOUR is declared after them: it is no part of their layer's cache key).
 WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+    && grep -v '^onnxruntime[<>=!~ ]' requirements.txt > shared.txt \
+    && pip install -r shared.txt
+ARG FLAVOUR=cpu
+RUN grep '^onnxruntime[<>=!~ ]' requirements.txt > runtime.txt \
     && case "$FLAVOUR" in \
          cpu) ;; \
-         cuda) sed -i 's/^onnxruntime\([<>=!~ ]\)/onnxruntime-gpu[cuda,cudnn]\1/' requirements.txt \
-               && printf '%s\n' 'nvidia-cublas~=13.0' 'nvidia-ml-py>=12' >> requirements.txt ;; \
+         cuda) sed -i 's/^onnxruntime\([<>=!~ ]\)/onnxruntime-gpu[cuda,cudnn]\1/' runtime.txt \
+               && printf '%s\n' 'nvidia-cublas~=13.0' 'nvidia-ml-py>=12' >> runtime.txt ;; \
          *) echo "FLAVOUR must be cpu or cuda, not '$FLAVOUR'" >&2; exit 1 ;; \
        esac \
-    && pip install -r requirements.txt \
+    && pip install -r runtime.txt \
     && if [ "$FLAVOUR" = cuda ]; then \
          find /opt/lipstream -path '*/nvidia/*' -name 'lib*.so*' -printf '%h\n' | sort -u \
            > /etc/ld.so.conf.d/lipstream-nvidia.conf && ldconfig; \

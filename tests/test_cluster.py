@@ -25,6 +25,7 @@ from ray.cluster_utils import Cluster
 from benchmarks.chromium import caller_page
 from config.settings import Settings
 from tests.live_calls import (
+    SLACK_MARGIN_MS,
     TIMEOUT_S,
     assert_lip_synced,
     speech_frames,
@@ -72,6 +73,12 @@ async def front(
             "devices": {"kind": "cpu", "count": 1},
             "video": {"preset": "ultrafast"},
             "server": {"ice_loopback_only": True, "max_sessions": MAX_SESSIONS_PER_WORKER},
+            # Slack (tests/live_calls.py): the lip-synced call shares the two cores with
+            # two more 720p calls, a model loaded for a switch, two workers and the three
+            # callers decoding in this process (52 of 55 frames due at the default margin
+            # under a busy loop); what these tests ask is where calls go and that control
+            # reaches them.
+            "session": {"pipeline_margin_ms": SLACK_MARGIN_MS},
             # A healthy worker's report must not miss its timeout on a loaded machine.
             "cluster": {
                 "workers": 2,
