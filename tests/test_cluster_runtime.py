@@ -91,50 +91,52 @@ def _kill(server: Server, name: str) -> None:
     os.kill(target, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("victim", ["raylet", "ray::DashboardA"])
 async def test_a_front_whose_raylet_is_killed_brings_its_runtime_and_workers_back(
-    tmp_path: Path, loopback: None, victim: str, record_property: Callable[[str, object], None]
+    tmp_path: Path, loopback: None, record_property: Callable[[str, object], None]
 ) -> None:
-    """Only the raylet's side dies (the raylet is the front's child, the agent the
-    raylet's); the GCS answers on, so a restart can succeed and must: an exit fails."""
+    """Only the raylet's side dies, twice in one front: the raylet (the front's child),
+    then in the runtime that came back the dashboard agent (the raylet's, which it
+    fate-shares with). The GCS answers on, so each restart can succeed and must: an exit
+    fails. One front for both kills: the second is a runtime the front restarted."""
     async with lipstream_serve(
         tmp_path, "--workers", "2", server=SETTINGS, startup_timeout_s=STARTUP_TIMEOUT_S
     ) as server:
         http = server.http
-        lost = await _serving_two_workers(server)
-        caller = Caller(http)
-        caller.keep_luma = False
-        await caller.connect()
-        try:
-            await caller.wait_for_frames(5)
-            _kill(server, victim)
-            killed_at = time.monotonic()
-            outcome = await until(
-                _back_or_gone(server, lost),
-                "the front to bring its workers back or to exit",
-                timeout_s=RECOVERY_TIMEOUT_S,
-                poll_s=0.5,
-            )
-            took_s = time.monotonic() - killed_at
-        finally:
-            await caller.close()
-        record_property("took_s", round(took_s, 1))
-        logger.info("killed %s: %s after %.1f s", victim, outcome, took_s)
-        assert outcome == "recovered", server.log()
-        assert "is back after" in server.log(), server.log()
-        # The call on a dead worker ended with it: its id names the old incarnation.
-        async with http.get(f"/sessions/{caller.session_id}") as gone:
-            assert gone.status == 410, await gone.text()
-            assert (await gone.json())["error"]["code"] == "session_lost"
-        # The workers of the new runtime take a new call.
-        again = Caller(http)
-        again.keep_luma = False
-        await again.connect()
-        try:
-            await again.wait_for_frames(10)
-        finally:
-            await again.hang_up()
-        # And the new runtime stops as the first would: drained, then exit 0.
+        for times, victim in enumerate(("raylet", "ray::DashboardA"), start=1):
+            lost = await _serving_two_workers(server)
+            caller = Caller(http)
+            caller.keep_luma = False
+            await caller.connect()
+            try:
+                await caller.wait_for_frames(5)
+                _kill(server, victim)
+                killed_at = time.monotonic()
+                outcome = await until(
+                    _back_or_gone(server, lost),
+                    f"the front to bring its workers back or to exit ({victim} killed)",
+                    timeout_s=RECOVERY_TIMEOUT_S,
+                    poll_s=0.5,
+                )
+                took_s = time.monotonic() - killed_at
+            finally:
+                await caller.close()
+            record_property(f"took_s_{victim}", round(took_s, 1))
+            logger.info("killed %s: %s after %.1f s", victim, outcome, took_s)
+            assert outcome == "recovered", (victim, server.log())
+            assert server.log().count("is back after") == times, server.log()
+            # The call on a dead worker ended with it: its id names the old incarnation.
+            async with http.get(f"/sessions/{caller.session_id}") as gone:
+                assert gone.status == 410, await gone.text()
+                assert (await gone.json())["error"]["code"] == "session_lost"
+            # The workers of the new runtime take a new call.
+            again = Caller(http)
+            again.keep_luma = False
+            await again.connect()
+            try:
+                await again.wait_for_frames(10)
+            finally:
+                await again.hang_up()
+        # And the restarted runtime stops as the first would: drained, then exit 0.
         server.proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(TIMEOUT_S):
             code = await server.proc.wait()
