@@ -149,8 +149,9 @@ async def test_malformed_requests_are_refused_while_a_call_speaks_on(
                 response_deserializer=pb.ModelInferResponse.FromString,
             )
             # 76 MiB, from a client of its own, as an abuser is: made, copied and sent in
-            # this process, it held the interpreter the served call shares with the test
-            # (10 of 75 frames late on a loaded CI machine), which no other client can.
+            # this process, it competed for the interpreter the served call shares with
+            # the test, which no other client can (10 of 75 frames late once on a loaded
+            # CI machine, not reproduced here).
             assert await _oversized_from_another_process(server.address, limit + 1) == (
                 grpc.StatusCode.RESOURCE_EXHAUSTED.name
             )
