@@ -162,6 +162,11 @@ class SimulatedCall:
         self._sequence = 0
         self.frames = 0
         self.received_bytes: list[tuple[float, int]] = []
+        #: While set, each frame is this many bytes whatever the target (the avatar
+        #: listening: a small idle loop); the next frame after it is set, a keyframe of
+        #: ``keyframe_bytes``.
+        self.frame_bytes: int | None = None
+        self.keyframe_bytes: int | None = None
 
     async def _on_wire(self, data: bytes) -> None:
         header = parse_rtp(data)
@@ -194,6 +199,10 @@ class SimulatedCall:
     def _frame(self) -> None:
         """The encoder's next frame, of the size its target asks, to the send loop."""
         size = max(200, self.encoder.target_bitrate // 25 // 8)
+        if self.keyframe_bytes is not None:
+            size, self.keyframe_bytes = self.keyframe_bytes, None
+        elif self.frame_bytes is not None:
+            size = self.frame_bytes
         for offset in range(0, size, PACKET_BYTES):
             payload = b"\x65" * min(PACKET_BYTES, size - offset)
             data = bytearray(aiortc_packet(payload))

@@ -84,6 +84,21 @@ def test_the_ladder_steps_up_only_after_a_hold_with_a_fine_picture() -> None:
         assert ladder.decide(2_000_000, float(t)).name == "540p25"
 
 
+def test_a_fine_picture_steps_up_during_a_climb_but_a_coarse_one_waits_for_it_to_settle() -> None:
+    # After a dip, probes climb in a chain, each lift on trial: the estimate is not
+    # settled for the whole climb. 540p at its ceiling with a QP of 11 went on for 7 s
+    # while the budget had room for 720p (docs/performance/networks.md).
+    ladder = Ladder(steps_for(1280, 720, 25, 2_500_000))
+    ladder.decide(100_000, 0.0)  # down to 540p
+    fill_qp(ladder, 11.0)
+    assert ladder.decide(2_000_000, DOWN_HOLD_S, settled=False).name == "540p25"  # the hold
+    assert ladder.decide(2_000_000, DOWN_HOLD_S + UP_HOLD_S, settled=False).name == "720p25"
+    # a coarse picture made at a budget still climbing does not step down
+    fill_qp(ladder, 45.0)
+    assert ladder.decide(2_000_000, 20.0, settled=False).name == "720p25"
+    assert ladder.decide(2_000_000, 21.0, settled=True).name == "540p25"
+
+
 def test_a_step_lost_soon_after_it_was_reached_holds_longer_next_time() -> None:
     ladder = Ladder(steps_for(1280, 720, 25, 2_500_000))
     ladder.decide(100_000, 0.0)
@@ -213,6 +228,16 @@ def test_overuse_cuts_to_085_of_what_was_received_and_holds() -> None:
     assert control.update(Usage.UNDERUSE, 800_000, 0.05, 0.1) == 680_000  # draining: hold
     grown = control.update(Usage.NORMAL, 800_000, 0.05, 1.1)  # back to increase, for 1 s
     assert 680_000 < grown < 700_000  # near the capacity: slow additive growth
+
+
+def test_an_application_limited_overuse_backs_off_from_the_estimate_once_per_response() -> None:
+    # what arrived while the avatar listened measured the sender: 0.85 x the 200 kbit/s
+    # it sent would be no estimate of the link
+    control = RateControl(LIMITS)
+    assert control.update(Usage.OVERUSE, 200_000, 0.05, 0.0, app_limited=True) == 850_000
+    assert control.update(Usage.OVERUSE, 200_000, 0.05, 0.2, app_limited=True) == 850_000
+    assert control.update(Usage.OVERUSE, 200_000, 0.05, 0.35, app_limited=True) == 722_500
+    assert control.update(Usage.OVERUSE, 800_000, 0.05, 0.4) == 680_000  # a measured cut
 
 
 def test_growth_stops_at_a_margin_over_what_was_received() -> None:

@@ -13,8 +13,14 @@ chosen by what the caller sends:
   (a probe a token bucket fooled then overloads the link a little before it is caught,
   not at once by half): if within :data:`TRIAL_S` our packets arrive
   slower than we send them (a token bucket let the probe through and now caps the
-  rate) or the link congests, the estimate falls back to what the caller received (never below
-where it was) and probes back off;
+  rate) or the link congests, the estimate falls back to what the caller received
+  (never below where it was) and probes back off. What the caller received is the
+  rate the latest packets arrived at when they queued (behind a queue, the link's own
+  rate: the last second's average mixes in the rate before a cap came down, or the
+  pause before a keyframe), else the last second's; and when the sender sent under
+  :data:`~.estimate.APP_LIMITED` × the estimate with no queue in sight, it measured
+  the sender, not the link, and an overuse backs off from the estimate instead
+  (:class:`~.estimate.RateControl`);
 - **REMB** (a caller that sends only REMB, e.g. aiortc): :class:`~.estimate.RembRate`
   (followed down when it drops or stays under what we send), loss from receiver
   reports;
@@ -33,7 +39,15 @@ import math
 from collections import deque
 
 from streaming.link.delay_based import DelayDetector, QueueGuard, Usage
-from streaming.link.estimate import BETA, LOSS_LOW, LossBasedRate, RateControl, RateLimits, RembRate
+from streaming.link.estimate import (
+    APP_LIMITED,
+    BETA,
+    LOSS_LOW,
+    LossBasedRate,
+    RateControl,
+    RateLimits,
+    RembRate,
+)
 from streaming.link.feedback import Arrival, FeedbackResult, RateWindow
 from streaming.link.probes import ProbePlanner
 
@@ -77,6 +91,8 @@ class BandwidthEstimator:
         self._loss = LossBasedRate(limits)
         self._received = RateWindow(1.0)  # on the caller's clock
         self._received_now: float | None = None  # the latest arrival, on that clock
+        self._sent = RateWindow(1.0)  # what that feedback covers, by when it was sent
+        self._sent_now: float | None = None
         self._recent: deque[Arrival] = deque()  # the last TRIAL_WINDOW_S of arrivals
         self._recent_lost: deque[tuple[float, int]] = deque()  # ... and of packets lost
         self.probes = ProbePlanner(limits.max_bps)
@@ -142,7 +158,11 @@ class BandwidthEstimator:
             if self._received_now is None or arrival.arrival_s > self._received_now:
                 self._received_now = arrival.arrival_s
         lost = self._recent_lost
-        lost.extend(result.lost_sent)
+        lost_sent = list(result.lost_sent)
+        lost.extend(lost_sent)
+        for send_s, size in sorted([(a.send_s, a.size) for a in result.arrivals] + lost_sent):
+            self._sent.add(send_s, size)
+            self._sent_now = send_s if self._sent_now is None else max(self._sent_now, send_s)
         # both kept for the last TRIAL_WINDOW_S of sending: by the latest packet either
         # way (a link that loses everything reports losses only, and they must not pile up)
         latest = max(recent[-1].send_s if recent else -math.inf, lost[-1][0] if lost else -math.inf)
@@ -157,36 +177,67 @@ class BandwidthEstimator:
             if usage is Usage.NORMAL and self._queue.standing(now):
                 usage = Usage.OVERUSE  # a queue that does not drain by itself
                 self._queue.drained()
-            if self._arrival_ratio() < SEVERE_RATIO:
-                # The link fell far below what we send (a cap came down): cut to what it
-                # delivers now, not to the last second's average.
-                usage, received = Usage.OVERUSE, self._recent_received_bps()
-            self._rate.update(usage, received, self.rtt_s, now)
-            if usage is Usage.OVERUSE:
-                self._congested(now)
-            self._judge_trial(now)
+            ratio = self._arrival_ratio()
+            queued = ratio < TRIAL_RECEIVED
+            # What a cut goes to: when the latest packets queued (they arrived at the
+            # link's pace, not the sender's), the rate they arrived at is the link's now;
+            # the last second's average mixes in the rate before a cap came down, or the
+            # pause before a keyframe. Growth stays capped by the last second's.
+            carried = (self._recent_received_bps() or received) if queued else received
+            if ratio < SEVERE_RATIO:  # the link fell far below what we send: cut at once
+                usage = Usage.OVERUSE
+            # with no queue in sight, what arrived while the sender sent little measured
+            # the sender (module doc of .estimate)
+            app_limited = not queued and self._app_limited(before)
+            overuse = usage is Usage.OVERUSE
+            self._rate.update(
+                usage, carried if overuse else received, self.rtt_s, now, app_limited=app_limited
+            )
+            if overuse:
+                self._congested(now, carried, app_limited=app_limited)
+            elif queued:
+                self._congested_on_trial(now, carried)
+            else:
+                self._judge_trial(now)
             probed = self.probes.feedback(result.arrivals, result.lost_clusters)
             if probed is not None:
                 self._probed(probed, before, now)
         self._count_loss(result.lost, result.reported, now)
 
-    def _congested(self, now: float) -> None:
+    def _congested(self, now: float, received: float | None, *, app_limited: bool) -> None:
+        """Overuse now; the caller received ``received`` lately (the link's rate, unless
+        ``app_limited``: then the sender's, and the backoff from the estimate stands)."""
         self.probes.congested(now)
-        if self._trial is not None:  # the lift did not hold: what the caller got then
-            before, _, _ = self._trial
-            self._trial = None
-            received = self.received_bps
-            measured = BETA * received if received is not None else before
-            self._rate.set_rate(max(before, min(self._rate.rate, measured)), now)
+        if received is not None and not app_limited:
+            self.probes.carried(received, now)
+        self._end_trial(now, None if app_limited else received)
+
+    def _congested_on_trial(self, now: float, received: float | None) -> None:
+        """The latest packets queued: a lift on trial did not hold."""
+        if self._trial is not None:
+            self.probes.congested(now)
+            self._end_trial(now, received)
+
+    def _end_trial(self, now: float, received: float | None) -> None:
+        """Back from a lift that did not hold to :data:`~.estimate.BETA` × what the caller
+        got meanwhile, ``received`` (None: where the rate is now), never below where the
+        climb began."""
+        if self._trial is None:
+            return
+        before, _, _ = self._trial
+        self._trial = None
+        rate = self._rate.rate
+        measured = rate if received is None else BETA * received
+        self._rate.set_rate(max(before, min(rate, measured)), now)
 
     def _judge_trial(self, now: float) -> None:
+        """No congestion now: a lift on trial for :data:`TRIAL_S` holds; until then the
+        estimate ramps towards it."""
         trial = self._trial
         if trial is None:
             return
         _, since, lifted = trial
-        if self._arrival_ratio() < TRIAL_RECEIVED:
-            self._congested(now)
-        elif now - since >= TRIAL_S:
+        if now - since >= TRIAL_S:
             self._trial = None
             self.probes.held(self.estimate_bps, now)
         else:  # the ramp towards the lift (module doc), from where this step began
@@ -205,6 +256,15 @@ class BandwidthEstimator:
         sizes = [a.size for a in recent if a.arrival_s >= last[0]][1:]
         span = last[-1] - last[0]
         return None if span <= 0 else 8 * sum(sizes) / span
+
+    def _app_limited(self, estimate_bps: int) -> bool:
+        """Whether the last second's packets were sent at under
+        :data:`~.estimate.APP_LIMITED` × ``estimate_bps`` (the avatar listening, a pause
+        in its speech, the keyframe that ends it): what arrived then says what was sent,
+        not what the link carries (``docs/design/link.md`` §19)."""
+        latest = self._sent_now
+        sent = None if latest is None else self._sent.bps(latest)
+        return sent is not None and sent < APP_LIMITED * estimate_bps
 
     def _arrival_ratio(self) -> float:
         """What the latest packets were delivered at against what they were sent at (1:

@@ -7,7 +7,12 @@ caller's feedback says into one number, the bits per second the call may send:
   :class:`RateControl`: on overuse the rate drops to :data:`BETA` × what the caller
   received (the link's real throughput), held until the queue has drained; otherwise it
   grows, :data:`MULTIPLICATIVE_GROWTH` a second while the link's capacity is unknown,
-  about one packet per round trip once near the capacity last measured (GCC's AIMD);
+  about one packet per round trip once near the capacity last measured (GCC's AIMD).
+  A sender that was application-limited (it sent under :data:`APP_LIMITED` × the
+  estimate: the avatar listened, a pause in its speech) says nothing about the link by
+  what arrived, so its overuse backs off from the estimate instead, :data:`BETA` × at
+  most once per response time: the keyframe that ends a pause met a queue and cut a
+  2.7 Mbit/s estimate to the 0.9 Mbit/s of the pause (``docs/performance/networks.md``);
 - **REMB** — a caller that sends only REMB (no transport-cc) runs the same detector on
   its side; its value is followed when it drops (that is its overuse), when it stays
   under what we send, and when it is above ours; otherwise our estimate keeps what it
@@ -36,6 +41,9 @@ from streaming.link.delay_based import Usage
 
 #: On overuse, the rate becomes this × what the caller received.
 BETA = 0.85
+#: Sending under this × the estimate is application-limited (libwebrtc's ALR detector's
+#: bandwidth usage ratio): what arrives then is what was sent, not what the link carries.
+APP_LIMITED = 0.65
 #: Growth a second while the link's capacity is unknown (and the loss-based rate's).
 MULTIPLICATIVE_GROWTH = 1.08
 #: Growth is capped at this × the received rate (+10 kbit/s): no promise the link kept
@@ -86,6 +94,7 @@ class RateControl:
         self._capacity: float | None = None  # throughput at the last overuse (mean)
         self._capacity_var = 0.4  # its variance over its mean, in kbit/s (GCC's units)
         self._last_update: float | None = None
+        self._last_backoff = -math.inf  # the last application-limited backoff
 
     @property
     def bps(self) -> int:
@@ -96,9 +105,18 @@ class RateControl:
         self.rate = float(self._limits.clamp(bps))
         self._last_update = now
 
-    def update(self, usage: Usage, received_bps: float | None, rtt_s: float, now: float) -> int:
+    def update(
+        self,
+        usage: Usage,
+        received_bps: float | None,
+        rtt_s: float,
+        now: float,
+        *,
+        app_limited: bool = False,
+    ) -> int:
         """The rate after the detector said ``usage``, the caller having received
-        ``received_bps`` lately (None: not known yet)."""
+        ``received_bps`` lately (None: not known yet); ``app_limited``: the sender sent
+        well under the rate meanwhile (module doc)."""
         last, self._last_update = self._last_update, now
         elapsed = 0.0 if last is None else min(max(now - last, 0.0), 1.0)
         if usage is Usage.OVERUSE:
@@ -107,7 +125,12 @@ class RateControl:
             self.state = RateState.HOLD
         elif self.state is RateState.HOLD:  # the queue drained: grow again
             self.state = RateState.INCREASE
-        if self.state is RateState.DECREASE:
+        if self.state is RateState.DECREASE and app_limited:
+            if now - self._last_backoff >= rtt_s + RESPONSE_S:
+                self.rate *= BETA  # from the estimate: what arrived measured the sender
+                self._last_backoff = now
+            self.state = RateState.HOLD
+        elif self.state is RateState.DECREASE:
             self._decrease(received_bps)
         elif self.state is RateState.INCREASE:
             self._increase(received_bps, rtt_s, elapsed)

@@ -14,8 +14,12 @@ quantiser: the mean QP of the call's last :data:`QP_FRAMES` live P-frames above
 :data:`QP_HIGH` means the budget cannot carry this size; below :data:`QP_LOW`, a larger
 one would still look good. A budget below a step's floor (:data:`FLOOR_BITS_PER_PIXEL`,
 far below where any content looks right) leaves it whatever the QP says. The QP is
-judged only once the estimate has settled: during a call's first climb from its start
-rate every picture is coarse for a second.
+judged for a step down only once the estimate has settled: during a call's first climb
+from its start rate every picture is coarse for a second. For a step up it is judged
+during a climb too: a budget that is rising only makes the picture finer, and a climb
+of chained probes keeps the estimate unsettled for as long as it lasts (after a dip,
+540p stayed at its ceiling for 7 s with a QP of 11 while the estimate had room for
+720p: ``docs/performance/networks.md``).
 
 :meth:`Ladder.decide` moves between steps: down at once on the floor, or when the QP
 has been high over a full window at this step; up only when the budget clears the
@@ -131,13 +135,13 @@ class Ladder:
 
     def decide(self, budget_bps: int, now: float, *, settled: bool = True) -> Step:
         """The step for a video budget of ``budget_bps`` now. While the estimate is not
-        ``settled`` (a call's first climb, a probe's lift on trial) the QP is not judged:
-        it was made at a budget about to change."""
+        ``settled`` (a call's first climb, a probe's lift on trial) a high QP is not
+        judged: it was made at a budget about to change (module doc)."""
         steps, index = self.steps, self.current
-        qp = self.qp if settled else None
+        qp = self.qp
         last = len(steps) - 1
         if index < last and (
-            budget_bps < steps[index].floor_bps or (qp is not None and qp > QP_HIGH)
+            budget_bps < steps[index].floor_bps or (settled and qp is not None and qp > QP_HIGH)
         ):
             index += 1
             while index < last and budget_bps < steps[index].floor_bps:

@@ -16,8 +16,10 @@ the call's ceiling, no congestion was seen for :data:`QUIET_S`, and the last pro
 older than the interval. A probe that found the link full, or whose lift did not hold,
 doubles the interval and makes the next probe smaller; one that found room resets both,
 so a capped link is asked rarely and a freed one quickly. How rarely depends on what the
-link carried lately: below :data:`RECOVER_BELOW` × the highest estimate that held within
-:data:`BEST_KEEP_S` (the link dropped: it may come back) the interval stays under
+link carried lately: below :data:`RECOVER_BELOW` × the highest rate it carried within
+:data:`BEST_KEEP_S` (a lift that held, or what arrived when it congested: a call at its
+ceiling on a link just under it never holds a lift for long), the link dropped and may
+come back, and the interval stays under
 :data:`RECOVER_INTERVAL_S`; at about that level (a link capped there) it grows to
 :data:`MAX_INTERVAL_S`, since each probe on a capped link is a short overload (as
 libwebrtc probes again soon after a large drop, and rarely otherwise). A
@@ -111,7 +113,7 @@ class ProbePlanner:
         self._next_ident = 1
         self._jumped_at = -math.inf
         self._factor = 0  # index into PROBE_FACTORS
-        self._best = (0, -math.inf)  # the highest estimate that held lately, and when
+        self._best = (0, -math.inf)  # the highest rate the link carried lately, and when
         self.clusters: dict[int, Cluster] = {}
         self.sent = 0
         self.succeeded = 0
@@ -159,9 +161,15 @@ class ProbePlanner:
         next probe soon."""
         self._jumped_at = -math.inf
         self._interval = FIRST_INTERVAL_S
+        self.carried(estimate_bps, now)
+
+    def carried(self, bps: float, now: float) -> None:
+        """The link carried ``bps`` now (a lift held; what arrived when it congested):
+        until :data:`BEST_KEEP_S` have passed, an estimate far below the highest such
+        rate is probed often (module doc)."""
         best, since = self._best
-        if estimate_bps >= best or now - since > BEST_KEEP_S:
-            self._best = (estimate_bps, now)
+        if bps >= best or now - since > BEST_KEEP_S:
+            self._best = (round(bps), now)
 
     def _wait(self, estimate_bps: int, now: float) -> float:
         """How long after the last probe the next may go (module doc)."""
