@@ -11,8 +11,8 @@ caller's feedback says into one number, the bits per second the call may send:
   A sender that was application-limited (it sent under :data:`APP_LIMITED` × the
   estimate: the avatar listened, a pause in its speech) says nothing about the link by
   what arrived, so its overuse backs off from the estimate instead, :data:`BETA` × at
-  most once per response time: the keyframe that ends a pause met a queue and cut a
-  2.7 Mbit/s estimate to the 0.9 Mbit/s of the pause (``docs/performance/networks.md``);
+  most once per response time: an overuse as a pause ended cut a 2.7 Mbit/s estimate
+  to 0.85 × the 1.07 Mbit/s of the pause (``docs/design/link.md`` §19);
 - **REMB** — a caller that sends only REMB (no transport-cc) runs the same detector on
   its side; its value is followed when it drops (that is its overuse), when it stays
   under what we send, and when it is above ours; otherwise our estimate keeps what it
