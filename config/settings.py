@@ -571,6 +571,28 @@ class OutputsSettings(_Section):
     counts as failed."""
 
 
+class LiveKitSettings(_Section):
+    """Avatars of LiveKit Agents voice agents, in LiveKit rooms (``POST /livekit/sessions``,
+    ``docs/design/livekit.md``). Needs ``pip install 'lipstream[livekit]'``."""
+
+    allow_private: bool = False
+    """Whether a session may join a LiveKit server at a loopback, private, link-local or
+    otherwise non-public address. Off: a client of the API cannot make the server connect
+    into the network it runs in. Turn on when LiveKit runs on your own network (as a
+    self-hosted LiveKit usually does)."""
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """Seconds to join the room and publish the avatar's tracks before the request fails
+    (``502 livekit_unreachable``)."""
+    agent_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds the avatar waits in its room for the agent it speaks for (the token's
+    ``lk.publish_on_behalf``) before the session ends; it ends too once that agent left."""
+    video: Literal["encoded", "h264", "vp8"] = "encoded"
+    """How the avatar's video enters the room: ``encoded``, lipstream's own H.264, each
+    frame encoded once (shared idle loops included) and forwarded untouched; ``h264`` or
+    ``vp8``, the composed frames handed to LiveKit's own encoder (``vp8`` with its 180p and
+    360p simulcast layers). ``docs/design/livekit.md`` has what each costs."""
+
+
 class TtsSettings(_Section):
     """Text-to-speech for the ``say`` API."""
 
@@ -677,6 +699,8 @@ class Settings(_Section):
     """Viewers of a session."""
     outputs: OutputsSettings = Field(default_factory=OutputsSettings)
     """Streams a session pushes out."""
+    livekit: LiveKitSettings = Field(default_factory=LiveKitSettings)
+    """Avatars in LiveKit rooms."""
     tts: TtsSettings = Field(default_factory=TtsSettings)
     """Text-to-speech."""
     auth: AuthSettings = Field(default_factory=AuthSettings)

@@ -12,7 +12,13 @@ Hierarchy::
     ├── OutputLimitError        the session has as many outputs as allowed (409)
     ├── StreamBusyError         the session already has an audio stream open (409)
     ├── AvatarSwitchBusyError   the call is switching avatar already (409)
-    └── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
+    ├── AvatarIncompatibleError the call cannot show that avatar: fps, audio features (409)
+    └── LiveKitError            an avatar cannot join its LiveKit room
+        ├── LiveKitNotInstalledError  the ``livekit`` extra is not installed (501)
+        ├── LiveKitUrlError           the URL is malformed or not one to join (400)
+        ├── LiveKitTokenError         the token is malformed, expired, lacks a grant or
+        │                             was refused by the LiveKit server (400)
+        └── LiveKitJoinError          the LiveKit server could not be reached in time (502)
 
 An unknown idle clip is :class:`compositor.clips.ClipNotFoundError` (404).
 """
@@ -62,3 +68,23 @@ class AvatarSwitchBusyError(StreamingError):
 
 class AvatarIncompatibleError(StreamingError):
     """A call keeps its fps and audio features; this avatar has others."""
+
+
+class LiveKitError(StreamingError):
+    """An avatar could not join its LiveKit room (``docs/design/livekit.md``)."""
+
+
+class LiveKitNotInstalledError(LiveKitError):
+    """The ``livekit`` and ``livekit-api`` packages are not installed."""
+
+
+class LiveKitUrlError(LiveKitError):
+    """A LiveKit URL that is malformed, or one the server may not connect to."""
+
+
+class LiveKitTokenError(LiveKitError):
+    """A LiveKit token that is malformed, expired, lacks a grant, or was refused."""
+
+
+class LiveKitJoinError(LiveKitError):
+    """The LiveKit server could not be reached, or did not answer in time."""

@@ -55,11 +55,13 @@ async def lipstream_serve(
     server: Mapping[str, object] | None = None,
     demo: bool = True,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    sections: Mapping[str, Mapping[str, object]] | None = None,
 ) -> AsyncIterator[Server]:
     """``lipstream serve [args]`` with ``server:`` settings ``server`` (plus a free port
     and a free ``grpc_port``, unless given: None turns gRPC off); the built-in demo
-    avatar unless ``demo`` is false. A cluster front answers once its workers reported:
-    give it a longer ``startup_timeout_s``."""
+    avatar unless ``demo`` is false; other sections' settings in ``sections`` (plain
+    values). A cluster front answers once its workers reported: give it a longer
+    ``startup_timeout_s``."""
     port = grpc_port = free_port()
     while grpc_port == port:
         grpc_port = free_port()
@@ -71,6 +73,10 @@ async def lipstream_serve(
         f"avatars:\n  root: {tmp_path / 'avatars'}\n  data_dir: {tmp_path / 'data'}\n"
         f"  demo: {str(demo).lower()}\n"
         "video:\n  preset: ultrafast\n"
+        + "".join(
+            f"{name}:\n" + "".join(f"  {k}: {_yaml(v)}\n" for k, v in values.items())
+            for name, values in (sections or {}).items()
+        )
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIPSTREAM_")}
     env["PYTHONUNBUFFERED"] = "1"
@@ -102,6 +108,14 @@ async def lipstream_serve(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def _yaml(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def descendants(pid: int) -> dict[int, str]:

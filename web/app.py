@@ -28,6 +28,7 @@ from web.edge import edge_app
 from web.infer_api import infer
 from web.inference.door import InferenceDoor
 from web.inference.rest import add_inference_protocol_routes
+from web.livekit import add_livekit_routes
 from web.metrics import add_metrics_routes
 from web.openapi import add_openapi_routes
 from web.session_controls import add_routes as add_control_routes
@@ -71,6 +72,7 @@ def build_app(
     add_inference_protocol_routes(app)
     add_routes(app)
     add_broadcast_routes(app)
+    add_livekit_routes(app)
     add_stream_routes(app)
     add_control_routes(app)
     add_admin_routes(app)

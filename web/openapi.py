@@ -53,7 +53,13 @@ _ERROR_STATUSES: tuple[tuple[int, str, str, str | None], ...] = (
     ),
     (429, "TooManyRequests", "Too many requests or too much queued; retry later.", "Retry-After"),
     (500, "InternalError", "The server failed; details are in its log.", None),
-    (502, "BadGateway", "An upstream service (the text-to-speech engine) failed.", None),
+    (501, "NotImplemented", "The server lacks an optional part the route needs.", None),
+    (
+        502,
+        "BadGateway",
+        "An upstream service (the text-to-speech engine, a LiveKit server) failed.",
+        None,
+    ),
     (503, "ServiceUnavailable", "The server is at capacity or stopping.", "Retry-After?"),
     (504, "GatewayTimeout", "The work did not finish before its deadline.", None),
 )
@@ -129,6 +135,14 @@ _CODES: dict[str, str] = {
     "model_not_ready": "not loaded, and `registry.load_on_infer` is false: load it first",
     "bad_parameter": "a load parameter other than `device` (a configuration or files)",
     "server_failed": "the process cannot serve any more and is exiting",
+    "bad_livekit_url": "`livekit_url` is not a ws(s):// or http(s):// URL, does not resolve, "
+    "or is a private address while `livekit.allow_private` is off",
+    "bad_livekit_token": "`livekit_token` is not a LiveKit access token the avatar can use "
+    "(unsigned by the server's key, expired, no `roomJoin` or publish grant, no "
+    "`lk.publish_on_behalf` attribute); the message says which",
+    "livekit_not_installed": "the server lacks the LiveKit SDK: `pip install 'lipstream[livekit]'`",
+    "livekit_unreachable": "the LiveKit server could not be reached, or did not let the avatar "
+    "join and publish within `livekit.connect_timeout_s`",
 }
 
 #: The shared error responses of the ``/v2`` routes: ``ProtocolBadRequest``...

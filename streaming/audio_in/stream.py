@@ -30,12 +30,19 @@ STREAM_RATES: tuple[int, ...] = (16_000, 22_050, 24_000, 44_100, 48_000)
 MAX_MESSAGE_S = 1.0
 
 
+#: The most channels a stream may interleave (a LiveKit agent's byte stream may be
+#: stereo; its channels are averaged to the mixer's mono).
+MAX_CHANNELS = 8
+
+
 @dataclass(frozen=True)
 class StreamFormat:
-    """A stream's declared sample format and rate (mono)."""
+    """A stream's declared sample format, rate and interleaved channels (mono unless
+    said: WebSocket streams are; a LiveKit agent's byte stream names its own)."""
 
     format: str
     rate: int
+    channels: int = 1
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> StreamFormat:
@@ -64,7 +71,8 @@ class StreamFormat:
 
     @property
     def sample_bytes(self) -> int:
-        return np.dtype(STREAM_FORMATS[self.format]).itemsize
+        """Bytes of one sample of every channel (one frame of interleaved audio)."""
+        return np.dtype(STREAM_FORMATS[self.format]).itemsize * self.channels
 
 
 class PcmStreamDecoder:
@@ -107,9 +115,12 @@ class PcmStreamDecoder:
         if self._dtype.kind == "f":
             if not np.isfinite(samples).all():
                 raise AudioFrameError("the message holds NaN or infinite samples")
-            mono = np.clip(samples.astype(np.float32), -1.0, 1.0)
+            floats = np.clip(samples.astype(np.float32), -1.0, 1.0)
         else:
-            mono = samples.astype(np.float32) / np.float32(32768.0)
+            floats = samples.astype(np.float32) / np.float32(32768.0)
+        channels = self.format.channels
+        # interleaved channels are averaged to the mixer's mono
+        mono = floats if channels == 1 else floats.reshape(-1, channels).mean(axis=1)
         return self._out(mono if self._resampler is None else self._resampler.push(mono))
 
     def flush(self) -> np.ndarray:

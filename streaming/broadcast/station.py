@@ -20,10 +20,29 @@ and close are the station's) and the station pulling the tracks.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
+import av
+
 from streaming.broadcast.feed import VIEWER_KEYFRAME_INTERVAL_S
 from streaming.webrtc.peer import CallTasks, Peer, PeerMedia, PeerState, SentMedia
 from streaming.webrtc.tracks import AvatarAudioTrack, AvatarVideoTrack, pull
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder
+
+
+class MediaSink(Protocol):
+    """Where a station's media goes besides its viewers (a LiveKit room,
+    ``docs/design/livekit.md``): each video slot's packet (its RTP payloads in
+    ``opaque``; none: nothing sent for the slot) and each 20 ms Opus packet, as pulled."""
+
+    @property
+    def kind(self) -> str: ...
+
+    async def video(self, packet: av.Packet[Any]) -> None: ...
+
+    async def audio(self, packet: av.Packet[Any]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Station:
@@ -41,21 +60,26 @@ class Station:
         tasks: CallTasks,
         *,
         receiver: Peer | None = None,
+        sink: MediaSink | None = None,
+        encode: bool = True,
     ) -> None:
         self.session_id = session_id
         self.receiver = receiver
+        self.sink = sink
         self._tasks = tasks
         self.encoder: LipstreamH264Encoder = encoders.create(*media.frame_size, media.fps)
         self.encoder.keyframe_interval_s = VIEWER_KEYFRAME_INTERVAL_S
         self._video = AvatarVideoTrack(media.clock, media.fps, media.video, tasks.fail)
-        self._video.encode_with(self.encoder)
+        if encode:  # else its frames go to the sink as arrays (a LiveKit room encodes them)
+            self._video.encode_with(self.encoder)
         self._audio = AvatarAudioTrack(media.clock, media.audio, tasks.fail)
         self._closed = False
 
     def start(self) -> None:
         """Pull both tracks at their slots from now on (the session's clock starts)."""
-        self._tasks.spawn("encode", pull(self._video))
-        self._tasks.spawn("audio send", pull(self._audio))
+        sink = self.sink
+        self._tasks.spawn("encode", pull(self._video, None if sink is None else sink.video))
+        self._tasks.spawn("audio send", pull(self._audio, None if sink is None else sink.audio))
 
     @property
     def state(self) -> PeerState:
@@ -72,6 +96,14 @@ class Station:
     def has_caller(self) -> bool:
         """Whether a publisher sends the session's audio (WHIP)."""
         return self.receiver is not None
+
+    @property
+    def kind(self) -> str:
+        """What the session is, as ``GET /sessions`` shows it: ``whip`` (a publisher's
+        audio), the sink's kind (``livekit``), or ``callerless``."""
+        if self.receiver is not None:
+            return "whip"
+        return "callerless" if self.sink is None else self.sink.kind
 
     @property
     def target_bitrate_bps(self) -> int:
@@ -92,9 +124,11 @@ class Station:
 
     async def close(self) -> None:
         """Stop both tracks (their pulling tasks end with the session's), and close the
-        publisher's connection if there is one."""
+        publisher's connection or the sink, if there is one."""
         self._video.stop()
         self._audio.stop()
         self._closed = True
         if self.receiver is not None:
             await self.receiver.close()
+        if self.sink is not None:
+            await self.sink.close()

@@ -32,6 +32,7 @@ from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import LinkTotals, SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
+from streaming.livekit.join import RoomJoin
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import EncoderFactory
 
@@ -208,6 +209,19 @@ class SessionManager:
             )
 
         return await self._admitted(avatar_id, open_publisher)
+
+    async def create_livekit(self, join: RoomJoin, avatar_id: str, remote: str | None) -> Session:
+        """A session on ``avatar_id`` that joins a LiveKit room as an agent's avatar
+        (``docs/design/livekit.md``), admitted as a call is; live once it joined and
+        published its tracks (``LiveKitTokenError``, ``LiveKitJoinError`` if not)."""
+        from streaming.livekit.session import open_livekit  # the optional SDK, imported here
+
+        async def open_one(avatar: CallAvatar, shared: CallResources, session_id: str) -> Session:
+            return await open_livekit(
+                session_id, join, avatar, shared, remote=remote, on_closed=self._forget
+            )
+
+        return await self._admitted(avatar_id, open_one)
 
     async def _admitted(
         self,

@@ -179,6 +179,11 @@ class Session:
         return self.peer.answer_sdp
 
     @property
+    def kind(self) -> str:
+        """``call``, ``callerless``, ``whip`` or ``livekit`` (the snapshot's ``kind``)."""
+        return self.peer.kind if isinstance(self.peer, Station) else "call"
+
+    @property
     def has_caller(self) -> bool:
         """Whether a caller (or a WHIP publisher) sends the session's audio."""
         return not isinstance(self.peer, Station) or self.peer.has_caller
@@ -250,9 +255,12 @@ class Session:
             audio_skipped=sent.audio_skipped,
             link=None if self.peer.link is None else self.peer.link.snapshot(),
         )
-        caller = self.has_caller
         return replace(
-            snapshot, caller=caller, viewers=self.audience.count, outputs=self.outputs.count
+            snapshot,
+            caller=self.has_caller,
+            kind=self.kind,
+            viewers=self.audience.count,
+            outputs=self.outputs.count,
         )
 
     # -- control --------------------------------------------------------------------

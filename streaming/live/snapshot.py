@@ -101,6 +101,9 @@ class SessionSnapshot:
     #: aiortc's own encoder, no link; or no caller).
     link: LinkSnapshot | None = None
     caller: bool = True  # False: a session made by POST /sessions (docs/design/broadcast.md §21)
+    #: call, callerless (POST /sessions), whip (POST /whip/{avatar}), livekit (a LiveKit
+    #: agent's avatar, POST /livekit/sessions)
+    kind: str = "call"
     viewers: int = 0  # viewers watching it now (WHEP)
     outputs: int = 0  # streams it pushes out now (RTMP)
     #: Microphone audio made up for packets that came after their tick while the caller

@@ -42,6 +42,7 @@ STAGES = (
     "preload",
     "switch",
     "link",
+    "livekit",
 )
 #: Why else a call ends: asked to (the API, an admin, the server stopping), a watchdog,
 #: or the connection (``DTLS failed`` is followed by its cause).
@@ -58,6 +59,11 @@ END_REASONS = (
     "connection failed",
     "connection closed",
     "DTLS failed",
+    "agent left",
+    "agent never joined",
+    "room closed",
+    "livekit disconnected",
+    "livekit unreachable",
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fractions
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import av
@@ -367,11 +367,17 @@ class AvatarAudioTrack(MediaStreamTrack):
             self._next = wake
 
 
-async def pull(track: MediaStreamTrack) -> None:
+async def pull(
+    track: MediaStreamTrack,
+    into: Callable[[Any], Awaitable[None]] | None = None,
+) -> None:
     """Take ``track``'s media slot by slot until it stops, as a sender would, sending
-    it nowhere (a session without a caller, ``streaming/broadcast/station.py``)."""
+    each frame or packet ``into`` a sink, or nowhere (a session without a caller,
+    ``streaming/broadcast/station.py``)."""
     while True:
         try:
-            await track.recv()
+            media = await track.recv()
         except MediaStreamError:
             return
+        if into is not None:
+            await into(media)

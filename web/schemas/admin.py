@@ -20,6 +20,7 @@ from web.schemas.base import (
     NonNegative,
     RequestModel,
     ResponseModel,
+    SessionKind,
     SessionStateName,
     UtcTime,
 )
@@ -159,6 +160,11 @@ class SessionInfo(ResponseModel):
     remote: str | None
     app_audio: AppAudio
     caller: bool = Field(description="False for a session made by `POST /sessions`.")
+    kind: SessionKind = Field(
+        description="`call` (`/offer`), `callerless` (`POST /sessions`), `whip` "
+        "(`POST /whip/{avatar}`) or `livekit` (a LiveKit agent's avatar, "
+        "`POST /livekit/sessions`)."
+    )
     viewers: Count = Field(description="WHEP viewers watching it now.")
     outputs: Count = Field(description="Streams it pushes out now (RTMP).")
 

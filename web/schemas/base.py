@@ -68,6 +68,8 @@ SessionId = Annotated[
     ),
 ]
 SessionStateName = Literal["new", "connected", "streaming", "closed"]
+#: What a session is (its snapshot's ``kind``).
+SessionKind = Literal["call", "callerless", "whip", "livekit"]
 #: ISO 8601 with milliseconds, UTC (``2025-01-31T12:00:00.000+00:00``).
 UtcTime = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 

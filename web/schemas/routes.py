@@ -48,6 +48,7 @@ from web.schemas.inference_protocol import (
     OipServerMetadata,
     OipStatistics,
 )
+from web.schemas.livekit import LiveKitSessionCreated, NewLiveKitSession
 from web.schemas.operation import Header, Operation, Reply, Tag, file_replies
 from web.schemas.service import Health, NotReady, OpenApiDocument, Ready
 from web.schemas.session_control import AvatarSwitched, IdleClipSet, SetIdleClip, SwitchAvatar
@@ -118,6 +119,39 @@ SESSION_OPERATIONS = (
             413: ("body_too_large",),
             429: ("rate_limited",),
             500: (*_MODEL_OPEN_500, "streaming_failed"),
+            503: ("too_many_sessions", *_MODEL_OPEN_503),
+        },
+    ),
+    Operation(
+        "new_livekit_session",
+        "post",
+        "/livekit/sessions",
+        "sessions",
+        "Join a LiveKit room as a LiveKit Agents voice agent's avatar",
+        (
+            Reply(
+                201,
+                "The avatar joined the room and published its video and audio.",
+                LiveKitSessionCreated,
+                headers=(Header("Location", "The session's path, `/sessions/{session_id}`."),),
+            ),
+        ),
+        description="What an avatar plugin posts (`lipstream_client.livekit.AvatarSession`"
+        "). The avatar plays the agent's `lk.audio_stream` segments, answers "
+        "`lk.clear_buffer` and tells `lk.playback_finished` with the position heard; it "
+        "ends when the agent leaves (docs/guides/livekit.md). Needs "
+        "`pip install 'lipstream[livekit]'` and, for a LiveKit server on your own "
+        "network, `livekit.allow_private`.",
+        body=NewLiveKitSession,
+        access="session",
+        errors={
+            400: ("bad_livekit_url", "bad_livekit_token"),
+            404: ("model_not_found", "clip_not_found"),
+            413: ("body_too_large",),
+            429: ("rate_limited",),
+            500: (*_MODEL_OPEN_500, "streaming_failed"),
+            501: ("livekit_not_installed",),
+            502: ("livekit_unreachable",),
             503: ("too_many_sessions", *_MODEL_OPEN_503),
         },
     ),

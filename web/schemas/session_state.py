@@ -18,6 +18,7 @@ from web.schemas.base import (
     NonNegative,
     ResponseModel,
     SessionId,
+    SessionKind,
     SessionStateName,
 )
 
@@ -163,6 +164,11 @@ class SessionState(ResponseModel):
         "(null for a call aiortc encodes itself, VP8, and for a session with no caller)."
     )
     caller: bool = Field(description="False for a session made by `POST /sessions`.")
+    kind: SessionKind = Field(
+        description="`call` (`/offer`), `callerless` (`POST /sessions`), `whip` "
+        "(`POST /whip/{avatar}`) or `livekit` (a LiveKit agent's avatar, "
+        "`POST /livekit/sessions`)."
+    )
     viewers: Count = Field(description="Viewers watching it now (`POST .../whep`).")
     outputs: Count = Field(description="Streams it pushes out now (`GET .../outputs`).")
     inbound_concealed_ms: NonNegative = Field(

@@ -28,6 +28,7 @@ from lipstream_client.models import (
     CreatedSession,
     IceServer,
     IdleClipSet,
+    LiveKitSession,
     Queued,
     WebRtcConfig,
     WhepAnswer,
@@ -127,6 +128,27 @@ class Client:
         :meth:`hang_up`."""
         body = {"avatar": avatar}
         return CreatedSession.from_json(await self._json("POST", "/sessions", json=body))
+
+    async def create_livekit_session(
+        self,
+        livekit_url: str,
+        livekit_token: str,
+        *,
+        avatar: str = "demo",
+        idle_clip: str | None = None,
+    ) -> LiveKitSession:
+        """Have ``avatar`` join a LiveKit room as an agent's avatar, with the token
+        ``livekit_token`` minted for it (``POST /livekit/sessions``; what
+        :class:`lipstream_client.livekit.AvatarSession` does). Returns once it joined."""
+        body: dict[str, Any] = {
+            "livekit_url": livekit_url,
+            "livekit_token": livekit_token,
+            "avatar": avatar,
+        }
+        if idle_clip is not None:
+            body["idle_clip"] = idle_clip
+        data = await self._json("POST", "/livekit/sessions", json=body)
+        return LiveKitSession.from_json(data)
 
     async def whep_offer(self, session_id: str, sdp: str) -> WhepAnswer:
         """Send a viewer's offer (receive-only, ICE fully gathered) for the session

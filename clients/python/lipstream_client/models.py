@@ -183,6 +183,35 @@ class CreatedSession:
 
 
 @dataclass(frozen=True)
+class LiveKitSession:
+    """``POST /livekit/sessions``: the avatar joined the LiveKit room ``room`` as
+    ``identity``, publishing for the agent ``agent``, ``join_ms`` after the request came;
+    :meth:`Client.hang_up` ends it (it ends by itself once the agent leaves)."""
+
+    session_id: str
+    avatar: str
+    room: str
+    identity: str
+    agent: str
+    join_ms: float
+    whep: str
+    delay: DelayBudget
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LiveKitSession:
+        return cls(
+            session_id=str(data["session_id"]),
+            avatar=str(data["avatar"]),
+            room=str(data["room"]),
+            identity=str(data["identity"]),
+            agent=str(data["agent"]),
+            join_ms=float(data["join_ms"]),
+            whep=str(data["whep"]),
+            delay=DelayBudget.from_json(data["delay"]),
+        )
+
+
+@dataclass(frozen=True)
 class WhepAnswer:
     """``POST /sessions/{id}/whep``: the server's SDP answer to a viewer's offer, the
     viewer's resource (``location``, an absolute URL: ``DELETE`` it to leave) and id, and

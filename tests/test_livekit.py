@@ -1,0 +1,295 @@
+"""lipstream as the avatar of a LiveKit Agents voice agent, in a real LiveKit room
+(``docs/design/livekit.md``, ``docs/guides/livekit.md``).
+
+Everything is real: livekit-server v1.13.5 in dev mode (tests/livekit_server.py), a
+livekit-agents worker process registered with it and dispatched to the room, whose job
+starts ``lipstream_client.livekit.AvatarSession`` and a real ``AgentSession`` that speaks
+espeak-ng speech through ``session.say(..., audio=...)`` (tests/livekit_agent.py), the
+lipstream application in this process at its default settings (``livekit.allow_private``
+on, for a LiveKit server on loopback), and a subscriber of the ``livekit`` SDK that
+decodes the avatar's tracks (tests/livekit_room.py). Times are on the monotonic clock
+all these processes share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import statistics
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestClient, TestServer
+from livekit import rtc
+
+from benchmarks.browser_delay import MOUTH_QUIET_S, av_offsets_ms, mouth_box, rising_edges
+from config.settings import Settings
+from inference_core.assets.demo_avatar import ensure_demo_avatar
+from tests.live_calls import session_state, until
+from tests.livekit_room import AUDIO_RATE, Heard, Subscriber, agent_worker, playback
+from tests.livekit_server import run_livekit
+from tests.media import espeak_wav, read_wav, require_espeak, resample_linear, write_wav
+from tests.server_process import lipstream_serve
+from web.app import build_app
+
+Client = TestClient[Any, Any]
+logger = logging.getLogger(__name__)
+#: The agent's TTS rate: the avatar resamples it, as it does pushed audio.
+TTS_RATE = 24_000
+FRAME_S = 0.04
+#: What the agent says to measure lip-sync by (:func:`bursts_wav`).
+BURSTS, BURST_S, BURST_GAP_S = 8, 0.2, 0.6
+LONG = (
+    "this is a long sentence that the agent will not be allowed to finish, because the "
+    "user is about to interrupt it in the middle of a word"
+)
+
+
+#: What the tests change from the defaults: a LiveKit server on loopback is allowed.
+LIVEKIT = {"livekit": {"allow_private": True}}
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings.model_validate(
+        {
+            "avatars": {"root": str(tmp_path / "avatars"), "data_dir": str(tmp_path / "data")},
+            "video": {"preset": "ultrafast"},
+            **LIVEKIT,
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def lipstream(tmp_path: Path) -> AsyncIterator[Client]:
+    """The application in this process (for what only it shows: its tasks)."""
+    async with TestClient(TestServer(build_app(settings(tmp_path)), host="127.0.0.1")) as client:
+        yield client
+
+
+def tts_wav(path: Path, pcm_16k: np.ndarray) -> tuple[Path, float]:
+    """``pcm_16k`` as the agent's TTS would hand it over (24 kHz), and its length (s)."""
+    pcm = resample_linear(pcm_16k, 16_000, TTS_RATE)
+    return write_wav(path, pcm, TTS_RATE), len(pcm) / TTS_RATE
+
+
+def bursts_wav(tmp_path: Path) -> tuple[Path, float]:
+    """:data:`BURSTS` buzz bursts, each after :data:`BURST_GAP_S` of silence: a 110 Hz
+    sawtooth up to 7.6 kHz, as ``benchmarks/browser_delay.py``'s probe. A buzz fills the
+    mel bands the demo model opens its mouth by, as a voice does, and starts at once, so
+    its onset at the subscriber and the mouth's are each one clear edge (a word's onset
+    is not: an "h" or an "s" is sound the model barely opens for)."""
+    t = np.arange(int(BURST_S * TTS_RATE)) / TTS_RATE
+    buzz = np.sum([np.sin(2 * np.pi * 110 * k * t) / k for k in range(1, 70)], axis=0)
+    buzz *= 0.15 * np.minimum(1.0, np.minimum(t, BURST_S - t) / 0.005)  # 5 ms ramps
+    gap = np.zeros(int(BURST_GAP_S * TTS_RATE))
+    pcm = np.concatenate([part for _ in range(BURSTS) for part in (gap, buzz)] + [gap[:4800]])
+    return write_wav(tmp_path / "bursts.wav", pcm.astype(np.float32), TTS_RATE), len(pcm) / TTS_RATE
+
+
+def sentence_wav(tmp_path: Path, name: str) -> tuple[Path, np.ndarray]:
+    """The long sentence, trimmed to start loud, and its 48 kHz samples to compare with."""
+    pcm, rate = read_wav(espeak_wav(tmp_path / f"{name}-espeak.wav", LONG))
+    loud = np.flatnonzero(np.abs(pcm) > 0.01)
+    pcm = resample_linear(pcm[loud[0] :], rate, 16_000)
+    path, _ = tts_wav(tmp_path / f"{name}.wav", pcm)
+    return path, resample_linear(pcm, 16_000, AUDIO_RATE)
+
+
+def sound_onsets(heard: Heard, since_s: float, quiet_s: float = 0.5) -> list[float]:
+    """Where the avatar's voice starts after ``quiet_s`` of quiet, at the subscriber."""
+    times, rms = heard.audio_clock(), heard.audio_rms()
+    keep = times >= since_s
+    if not keep.any():
+        return []
+    return rising_edges(times[keep].tolist(), rms[keep].tolist(), 0.1 * rms[keep].max(), quiet_s)
+
+
+def open_level(frames: list[tuple[float, float]]) -> float:
+    """Darkness over which the mouth is open: a quarter of the way from shut (median) to
+    wide (99th percentile), as ``benchmarks/browser_delay.py``'s ``mouth_onsets``."""
+    dark = np.asarray([d for _, d in frames])
+    shut, wide = float(np.median(dark)), float(np.percentile(dark, 99))
+    return shut + 0.25 * (wide - shut)
+
+
+def ended(metrics: str, reason: str) -> int:
+    """``lipstream_sessions_ended_total{reason=...}`` in a ``/metrics`` page."""
+    found = re.search(
+        rf'^lipstream_sessions_ended_total{{reason="{reason}"}} (\S+)$', metrics, re.M
+    )
+    return int(float(found.group(1))) if found else 0
+
+
+def left_behind(session_id: str) -> list[str]:
+    """Tasks of the session still running (the application in this process)."""
+    return [t.get_name() for t in asyncio.all_tasks() if t.get_name().endswith(session_id[:8])]
+
+
+async def live_sessions(http: ClientSession) -> list[dict[str, Any]]:
+    async with http.get("/admin/sessions") as response:
+        assert response.status == 200, await response.text()
+        sessions: list[dict[str, Any]] = (await response.json())["sessions"]
+        return sessions
+
+
+async def joined(sub: Subscriber) -> None:
+    await until(lambda: sub.agent() is not None, "the agent in the room and ready")
+    await until(lambda: sub.avatar() is not None, "the avatar in the room")
+    await until(lambda: len(sub.heard.frames) >= 25, "the avatar's video at the subscriber")
+    await until(lambda: len(sub.heard.audio) >= 100, "the avatar's audio at the subscriber")
+
+
+async def loud_for(sub: Subscriber, seconds: float, since_s: float) -> float:
+    """Wait until the avatar's voice has been heard for ``seconds`` after ``since_s``;
+    return when it started."""
+
+    def started() -> float | None:
+        onsets = sound_onsets(sub.heard, since_s)
+        if onsets and sub.heard.audio_clock()[-1] - onsets[0] >= seconds:
+            return onsets[0]
+        return None
+
+    return await until(started, f"{seconds:g} s of the avatar's voice")
+
+
+async def test_an_agent_speaks_through_its_lipstream_avatar(tmp_path: Path) -> None:
+    """The agent says eight bursts of a buzz, then a sentence it is interrupted in, then one it
+    leaves in the middle of; lipstream runs as ``lipstream serve`` (its own process, as
+    in production: the subscriber's decoding does not share its event loop)."""
+    require_espeak()
+    bursts, bursts_s = bursts_wav(tmp_path)
+    sentence, sentence_pcm = sentence_wav(tmp_path, "sentence")
+    with run_livekit(tmp_path / "livekit") as livekit:
+        async with lipstream_serve(tmp_path, sections=LIVEKIT) as server:
+            box = mouth_box(ensure_demo_avatar(tmp_path / "data"))
+            url = f"http://127.0.0.1:{server.port}"
+            async with agent_worker(livekit, url, tmp_path) as worker:
+                sub = Subscriber(livekit, "room-a", box)
+                await sub.connect()
+                try:
+                    await worker.dispatch("room-a")
+                    await joined(sub)
+                    await _speaks_in_sync(server.http, sub, bursts, bursts_s)
+                    await _interrupts(server.http, sub, sentence, sentence_pcm)
+                    await _agent_leaves(server.http, sub, sentence)
+                finally:
+                    await sub.close()
+
+
+async def _speaks_in_sync(http: ClientSession, sub: Subscriber, wav: Path, wav_s: float) -> None:
+    avatar, agent = sub.avatar(), sub.agent()
+    assert avatar is not None
+    assert agent is not None
+    assert avatar.attributes["lk.publish_on_behalf"] == agent.identity
+    assert avatar.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
+    [info] = await live_sessions(http)
+    assert info["kind"] == "livekit", info
+    session_id = info["id"]
+
+    before = await session_state(http, session_id)
+    said_at = sub.heard.audio_clock()[-1]
+    assert await sub.ask("test.say", str(wav)) == "ok"
+    played = playback(await sub.ask("test.playback"))
+    assert played["interrupted"] is False, played
+    finished = played["finished"][-1]
+    assert finished["interrupted"] is False, played
+    # All of it, less any 20 ms slots the audio track skipped in it (a loop too busy for
+    # real time: never sent, so never heard).
+    after = await session_state(http, session_id)
+    skipped_s = 0.02 * (after["audio_skipped"] - before["audio_skipped"])
+    position = finished["playback_position"]
+    assert wav_s - skipped_s - 0.021 <= position <= wav_s + 0.021, (played, wav_s, skipped_s)
+    # The metrics livekit-agents reports for an avatar: its join latency.
+    assert any(m.get("type") == "avatar_metrics" for m in played["metrics"]), played["metrics"]
+    await until(
+        lambda: sub.heard.frames[-1][0] > sub.heard.audio_clock()[-1] - 0.1, "video caught up"
+    )
+
+    heard = sub.heard
+    sounds = sound_onsets(heard, said_at, quiet_s=0.4)
+    assert len(sounds) == BURSTS, sounds
+    window = heard.frames_between(sounds[0] - 0.5, sounds[-1] + 1.0)
+    span_s = window[-1][0] - window[0][0]
+    fps = (len(window) - 1) / span_s
+    assert fps >= 24.0, (len(window), span_s)
+    assert len(heard.sizes) == 1, heard.sizes
+    level = open_level(window)
+    mouths = rising_edges([t for t, _ in window], [d for _, d in window], level, MOUTH_QUIET_S)
+    offsets = av_offsets_ms(sounds, mouths)
+    logger.info("mouth - sound onsets (ms): %s", [round(o, 1) for o in offsets])
+    assert len(offsets) == len(sounds), (sounds, mouths)
+    size = [abs(o) for o in offsets]
+    assert statistics.median(size) <= 40.0, offsets
+    assert max(size) <= 80.0, offsets
+
+
+async def _interrupts(http: ClientSession, sub: Subscriber, wav: Path, pcm: np.ndarray) -> None:
+    [info] = await live_sessions(http)
+    before = await session_state(http, info["id"])
+    since = sub.heard.audio_clock()[-1]
+    assert await sub.ask("test.say", str(wav)) == "ok"
+    started = await loud_for(sub, 1.5, since)
+    cut_at = json.loads(await sub.ask("test.interrupt"))
+    played = playback(await sub.ask("test.playback"))
+    assert played["interrupted"] is True, played
+    finished = played["finished"][-1]
+    assert finished["interrupted"] is True, played
+    await until(lambda: sub.heard.frames[-1][0] > cut_at + 1.5, "1.5 s of video after the cut")
+    after = await session_state(http, info["id"])
+    skipped_s = 0.02 * (after["audio_skipped"] - before["audio_skipped"])
+
+    heard = sub.heard
+    window = heard.frames_between(started - 1.0, cut_at + 1.5)
+    level = open_level(window)
+    opened = [t for t, d in window if d > level]
+    assert opened, "the mouth never opened"
+    assert opened[0] < cut_at, "the mouth never opened before the cut"
+    assert opened[-1] <= cut_at + 0.2, (opened[-1] - cut_at, opened[-3:])
+
+    # What the subscriber heard of the sentence, against what lipstream said it played.
+    times, rms = heard.audio_clock(), heard.audio_rms()
+    after_start = times >= started
+    loud = times[after_start & (rms > 0.1 * rms[after_start].max())]
+    heard_s = float(loud[-1] - started + 0.01)
+    position = finished["playback_position"]
+    power = np.convolve((pcm * 32767.0) ** 2, np.ones(480) / 480, mode="same")  # 10 ms
+    later = np.flatnonzero(np.sqrt(power[int(heard_s * AUDIO_RATE) + 960 :]) > 0.1 * rms.max())
+    next_sound_s = heard_s + 0.02 + (later[0] / AUDIO_RATE if len(later) else 0.0)
+    # The position lies between the last sound heard and the next one not heard.
+    logger.info(
+        "interrupt: last open mouth %.0f ms after it; heard %.3f s, position %.3f s, "
+        "next sound at %.3f s, %.2f s of slots skipped",
+        1000 * (opened[-1] - cut_at),
+        heard_s,
+        position,
+        next_sound_s,
+        skipped_s,
+    )
+    # Skipped slots were not sent, but the subscriber's jitter buffer made up sound for
+    # them: they count in what it heard, not in the position.
+    low, high = heard_s - skipped_s - FRAME_S, next_sound_s + FRAME_S
+    assert low <= position <= high, (heard_s, position, next_sound_s, skipped_s)
+
+
+async def _agent_leaves(http: ClientSession, sub: Subscriber, wav: Path) -> None:
+    since = sub.heard.audio_clock()[-1]
+    assert await sub.ask("test.say", str(wav)) == "ok"
+    await loud_for(sub, 0.5, since)
+    assert await sub.ask("test.leave") == "ok"
+
+    async def gone() -> bool:
+        return not await live_sessions(http)
+
+    await until(gone, "the session ended")
+    async with http.get("/metrics") as response:
+        metrics = await response.text()
+    assert ended(metrics, "agent left") == 1, [
+        line for line in metrics.splitlines() if line.startswith("lipstream_sessions_ended")
+    ]
+    await until(lambda: sub.avatar() is None, "the avatar out of the room")

@@ -1,0 +1,68 @@
+"""LiveKit Agents avatars (``docs/design/livekit.md``, ``docs/guides/livekit.md``).
+
+POST /livekit/sessions   {"livekit_url", "livekit_token", "avatar"?, "idle_clip"?} →
+                         201 once the avatar joined the room and published its tracks
+
+An avatar plugin (``lipstream_client.livekit.AvatarSession``) mints the token and posts
+it here, as hosted avatar providers' plugins do. The session is admitted as a call is,
+appears in ``GET /sessions`` with ``kind: livekit``, tells its room's state on its events
+(``livekit``) and ends with ``DELETE /sessions/{id}`` or when the agent leaves.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from streaming.exceptions import SessionLimitError
+from streaming.livekit.join import checked_join, require_sdk
+from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
+from web.offer_gate import refuse_if_rate_limited
+from web.request_body import parse_body, read_limited
+from web.schemas.livekit import LiveKitSessionCreated, NewLiveKitSession
+from web.schemas.signalling import DelayBudget
+from web.session_tokens import require_token
+
+EXAMPLE = '{"livekit_url": "ws://livekit:7880", "livekit_token": "<JWT>", "avatar": "demo"}'
+
+
+async def create_livekit_session(request: web.Request) -> web.Response:
+    """Join a LiveKit room as an agent's avatar (201 once joined; module doc)."""
+    started = time.perf_counter()
+    settings = request.app[SETTINGS]
+    if request.app[DRAINING].draining:  # 503 + Retry-After (web.errors)
+        raise SessionLimitError("the server is shutting down; try again shortly")
+    refuse_if_rate_limited(request)
+    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
+    body = parse_body(NewLiveKitSession, raw, example=EXAMPLE)
+    require_token(request, settings.auth, body.avatar_id)
+    require_sdk()
+    request.app[CORE].check_registered(body.avatar_id)
+    join = await checked_join(
+        body.livekit_url, body.livekit_token, allow_private=settings.livekit.allow_private
+    )
+    session = await request.app[SESSIONS].create_livekit(join, body.avatar_id, request.remote)
+    if body.idle_clip is not None:
+        try:
+            session.set_idle_clip(body.idle_clip)
+        except BaseException:
+            await session.close("offer failed")
+            raise
+    claims = join.claims
+    created = LiveKitSessionCreated(
+        session_id=session.session_id,
+        avatar=session.avatar_id,
+        room=claims.room,
+        identity=claims.identity,
+        agent=claims.agent,
+        join_ms=round((time.perf_counter() - started) * 1000, 1),
+        whep=f"/sessions/{session.session_id}/whep",
+        delay=DelayBudget.of(session.delay_budget),
+    )
+    location = f"/sessions/{session.session_id}"
+    return web.json_response(created.dump(), status=201, headers={"Location": location})
+
+
+def add_livekit_routes(app: web.Application) -> None:
+    app.router.add_post("/livekit/sessions", create_livekit_session)
