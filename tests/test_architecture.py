@@ -50,6 +50,13 @@ ALLOWED_SUBPACKAGE_IMPORTS = {
         "streaming.broadcast",
     },
     "streaming.broadcast": {"streaming.webrtc", "streaming.idle_loops", "streaming.link"},
+    # A LiveKit agent's avatar is a live session with a room as its sink: above live.
+    "streaming.livekit": {
+        "streaming.live",
+        "streaming.audio_in",
+        "streaming.webrtc",
+        "streaming.broadcast",
+    },
     "streaming.idle_loops": {"streaming.webrtc"},
     "streaming.webrtc": {"streaming.link"},
     "streaming.offline": {"streaming.audio_in"},

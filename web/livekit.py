@@ -12,10 +12,14 @@ appears in ``GET /sessions`` with ``kind: livekit``, tells its room's state on i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
 from streaming.exceptions import SessionLimitError
+from streaming.live.avatar import CallAvatar
+from streaming.live.pipeline import CallResources
+from streaming.live.session import Session
 from streaming.livekit.join import checked_join, require_sdk
 from web.app_keys import CORE, DRAINING, SESSIONS, SETTINGS
 from web.offer_gate import refuse_if_rate_limited
@@ -42,7 +46,19 @@ async def create_livekit_session(request: web.Request) -> web.Response:
     join = await checked_join(
         body.livekit_url, body.livekit_token, allow_private=settings.livekit.allow_private
     )
-    session = await request.app[SESSIONS].create_livekit(join, body.avatar_id, request.remote)
+    from streaming.livekit.session import open_livekit  # the optional SDK, once needed
+
+    async def open_one(
+        avatar: CallAvatar,
+        shared: CallResources,
+        session_id: str,
+        on_closed: Callable[[Session], None],
+    ) -> Session:
+        return await open_livekit(
+            session_id, join, avatar, shared, remote=request.remote, on_closed=on_closed
+        )
+
+    session = await request.app[SESSIONS].create_opened(body.avatar_id, open_one)
     if body.idle_clip is not None:
         try:
             session.set_idle_clip(body.idle_clip)

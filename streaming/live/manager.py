@@ -32,7 +32,6 @@ from streaming.live.reporting import FrameSending, FrameStages
 from streaming.live.session import Session
 from streaming.live.snapshot import LinkTotals, SessionsSnapshot, SessionTotals
 from streaming.live.workers import MediaWorkers
-from streaming.livekit.join import RoomJoin
 from streaming.webrtc.offer_check import OfferInfo
 from streaming.webrtc.video_encoder import EncoderFactory
 
@@ -41,6 +40,13 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_AUDIO_ENCODERS = 64
 #: How long the compositing threads may take to finish their queued jobs at shutdown.
 WORKERS_STOP_S = 10.0
+
+
+#: What :meth:`SessionManager.create_opened` calls to open a session: avatar, shared
+#: resources, session id, and the callback for when it ends.
+SessionOpener = Callable[
+    [CallAvatar, CallResources, str, Callable[[Session], None]], Awaitable[Session]
+]
 
 
 @dataclass
@@ -210,16 +216,14 @@ class SessionManager:
 
         return await self._admitted(avatar_id, open_publisher)
 
-    async def create_livekit(self, join: RoomJoin, avatar_id: str, remote: str | None) -> Session:
-        """A session on ``avatar_id`` that joins a LiveKit room as an agent's avatar
-        (``docs/design/livekit.md``), admitted as a call is; live once it joined and
-        published its tracks (``LiveKitTokenError``, ``LiveKitJoinError`` if not)."""
-        from streaming.livekit.session import open_livekit  # the optional SDK, imported here
+    async def create_opened(self, avatar_id: str, open_session: SessionOpener) -> Session:
+        """A session on ``avatar_id`` that a layer above opens (a LiveKit agent's avatar,
+        ``streaming/livekit/session.py``), admitted as a call is: ``open_session`` gets
+        the avatar, the shared resources, the session's id and what to call when it ends,
+        and returns the live session or raises (nothing of it is left then)."""
 
         async def open_one(avatar: CallAvatar, shared: CallResources, session_id: str) -> Session:
-            return await open_livekit(
-                session_id, join, avatar, shared, remote=remote, on_closed=self._forget
-            )
+            return await open_session(avatar, shared, session_id, self._forget)
 
         return await self._admitted(avatar_id, open_one)
 

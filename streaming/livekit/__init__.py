@@ -6,6 +6,11 @@
     segments.py  the agent's ``lk.audio_stream`` segments in, the playback RPCs out
     session.py   the session built of those
 
-Needs ``pip install 'lipstream[livekit]'`` (the ``livekit`` SDK); nothing here is
-imported until a LiveKit session is asked for.
+Needs ``pip install 'lipstream[livekit]'`` (the ``livekit`` SDK). Only :mod:`join`
+(which does not need it) is imported with the package; ``web/livekit.py`` imports
+:mod:`session` when a LiveKit session is asked for.
 """
+
+from streaming.livekit.join import RoomJoin, TokenClaims, checked_join, require_sdk
+
+__all__ = ["RoomJoin", "TokenClaims", "checked_join", "require_sdk"]

@@ -1,7 +1,7 @@
 """What an avatar needs to join a LiveKit room, checked before anything connects.
 
 A LiveKit Agents avatar plugin mints the avatar's token and posts it with the server's
-URL (``docs/design/livekit.md`` §1). The token is the LiveKit server's to verify (its
+URL (``docs/design/livekit.md`` §22). The token is the LiveKit server's to verify (its
 signature takes the API secret lipstream never sees); what can be read of it without the
 secret is read here, so that a token that can only fail is refused at once, with what to
 change, instead of after a connection attempt: a malformed one, one that expired, one

@@ -1,4 +1,4 @@
-"""The avatar's media into its LiveKit room, slot by slot (``docs/design/livekit.md`` §2).
+"""The avatar's media into its LiveKit room, slot by slot (``docs/design/livekit.md`` §22).
 
 The session's :class:`~streaming.broadcast.station.Station` pulls its tracks on the
 session's clock, as for any session no caller owns; :class:`RoomMedia` is its sink and
@@ -27,17 +27,17 @@ waits here and nothing is queued:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import av
 import numpy as np
-from aiortc.codecs.h264 import H264PayloadDescriptor
 from livekit import rtc
 
 from streaming.audio_rates import CHUNK_SAMPLES, OUT_RATE
 from streaming.webrtc.opus_decoder import OpusDecoder
-from streaming.webrtc.video_encoder import LipstreamH264Encoder
+from streaming.webrtc.pacing import SessionClock
+from streaming.webrtc.tracks import VIDEO_CLOCK
+from streaming.webrtc.video_encoder import LipstreamH264Encoder, access_unit
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +46,9 @@ AUDIO_QUEUE_MS = 0
 #: What a queue-less source takes at once.
 CAPTURE_SAMPLES = OUT_RATE // 100
 KIND = "livekit"
-
-
-def access_unit(payloads: list[bytes]) -> bytes:
-    """The Annex B access unit one frame's H.264 RTP payloads (single NAL units, STAP-A,
-    FU-A, as our packetizer makes them) were cut from."""
-    return b"".join(H264PayloadDescriptor.parse(payload)[1] for payload in payloads)
+#: Both tracks' stream: LiveKit gives subscribers tracks of one stream in one
+#: MediaStream, which libwebrtc (browsers, the SDKs) plays in sync.
+STREAM = "avatar"
 
 
 class RoomMedia:
@@ -65,8 +62,10 @@ class RoomMedia:
         frame_size: tuple[int, int],
         fps: int,
         max_bitrate: int,
+        clock: SessionClock,
     ) -> None:
         width, height = frame_size
+        self.clock = clock
         self.video_mode = video_mode
         self.frame_size = frame_size
         self.fps = fps
@@ -94,7 +93,7 @@ class RoomMedia:
     def video_options(self) -> rtc.TrackPublishOptions:
         """How the video track is published: one H.264 layer forwarded as made, or the
         codec (and simulcast for VP8) libwebrtc encodes with."""
-        options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_CAMERA)
+        options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_CAMERA, stream=STREAM)
         options.video_encoding.max_framerate = self.fps
         options.video_encoding.max_bitrate = self.max_bitrate
         if self.video_mode == "vp8":
@@ -109,7 +108,9 @@ class RoomMedia:
 
     @staticmethod
     def audio_options() -> rtc.TrackPublishOptions:
-        return rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE, dtx=False)
+        return rtc.TrackPublishOptions(
+            source=rtc.TrackSource.SOURCE_MICROPHONE, stream=STREAM, dtx=False
+        )
 
     # -- the station's sink ---------------------------------------------------------------
 
@@ -151,7 +152,7 @@ class RoomMedia:
                 if keyframe
                 else rtc.EncodedFrameType.ENCODED_FRAME_DELTA
             ),
-            timestamp_us=time.monotonic_ns() // 1000,
+            timestamp_us=self._due_us(packet.pts),
         )
         if source.capture_frame(frame):
             self.frames_captured += 1
@@ -172,8 +173,17 @@ class RoomMedia:
         assert source is not None
         i420 = frame if frame.format.name == "yuv420p" else frame.reformat(format="yuv420p")
         buffer = rtc.VideoFrame(i420.width, i420.height, rtc.VideoBufferType.I420, _planes(i420))
-        source.capture_frame(buffer)
+        source.capture_frame(buffer, timestamp_us=self._due_us(frame.pts))
         self.frames_captured += 1
+
+    def _due_us(self, pts: int | None) -> int:
+        """The capture time to stamp a frame with: when its slot was due on the session's
+        clock (monotonic, as libwebrtc's clock is), not when it was pulled. The audio of
+        the same media time is captured at its own slot, so a subscriber (which plays
+        the avatar's two tracks in sync, one stream) lines the mouth up with the sound
+        even when encoding or a busy loop delayed the frame."""
+        index = round((pts or 0) * self.fps / VIDEO_CLOCK)
+        return int(self.clock.due(index / self.fps) * 1_000_000)
 
     async def close(self) -> None:
         """Release the native sources and the decoder."""

@@ -1,4 +1,4 @@
-"""The agent's speech into the session, and what it is told back (``docs/design/livekit.md`` §3).
+"""The agent's speech into the session, and what it is told back (``docs/design/livekit.md`` §22).
 
 LiveKit Agents' ``DataStreamAudioOutput`` sends each speech segment as one byte stream
 on topic ``lk.audio_stream`` to the avatar: raw interleaved 16-bit PCM, its
@@ -20,7 +20,9 @@ segment too, and the agent is told from those same events:
 
 Only the agent the token names (``lk.publish_on_behalf``) is listened to. A segment
 faster than real time (TTS usually is) is read as the session's queue makes room
-(``session.max_stream_buffer_s``): the rest waits in the byte stream, unread.
+(``session.max_stream_buffer_s``): the rest waits in the byte stream, unread. A segment
+whose agent left in the middle of it ends where it broke off (what came plays); the
+session's watchdog then ends the session (``agent left``).
 """
 
 from __future__ import annotations
@@ -192,6 +194,9 @@ class AgentAudio:
                 break
             except TimeoutError:  # its trailer was lost: the segment ends here
                 logger.warning("segment idle for %g s: ended", STREAM_IDLE_S)
+                break
+            except rtc.StreamError as exc:  # the agent left mid-segment: what came plays
+                logger.info("segment ended early: %s", exc)
                 break
             pending += chunk
             received += len(chunk)

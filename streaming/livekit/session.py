@@ -43,7 +43,9 @@ async def open_livekit(
     media_in = pipeline.media()
     width, height = media_in.frame_size
     config = shared.encoders.config(width, height, media_in.fps)
-    media = RoomMedia(settings.video, media_in.frame_size, media_in.fps, config.max_bitrate)
+    media = RoomMedia(
+        settings.video, media_in.frame_size, media_in.fps, config.max_bitrate, media_in.clock
+    )
 
     def on_state(state: str, fields: dict[str, Any]) -> None:
         events.publish("livekit", state=state, **fields)

@@ -34,7 +34,7 @@ from typing import Any
 
 import av
 import numpy as np
-from aiortc.codecs.h264 import H264Encoder
+from aiortc.codecs.h264 import H264Encoder, H264PayloadDescriptor
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import PictureType
 
@@ -375,3 +375,10 @@ class EncoderFactory:
     def create(self, width: int, height: int, fps: int = 25) -> LipstreamH264Encoder:
         """A new encoder for one stream of ``width``×``height`` frames at ``fps``."""
         return LipstreamH264Encoder(self.config(width, height, fps))
+
+
+def access_unit(payloads: list[bytes]) -> bytes:
+    """The Annex B access unit one frame's H.264 RTP payloads (single NAL units, STAP-A,
+    FU-A, as the packetizer makes them) were cut from (aiortc's depacketizer): what a
+    sink taking whole encoded frames (a LiveKit room) is handed."""
+    return b"".join(H264PayloadDescriptor.parse(payload)[1] for payload in payloads)

@@ -20,7 +20,6 @@ class NewLiveKitSession(RequestModel):
         "avatar": "invalid_model_id",
         "livekit_url": "bad_livekit_url",
         "livekit_token": "bad_livekit_token",
-        "idle_clip": "clip_not_found",
     }
 
     livekit_url: str = Field(
