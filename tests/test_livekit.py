@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import re
@@ -45,6 +46,7 @@ from web.app import build_app
 from web.app_keys import SESSIONS
 
 Client = TestClient[Any, Any]
+REPO = Path(__file__).resolve().parents[1]
 logger = logging.getLogger(__name__)
 #: The agent's TTS rate: the avatar resamples it, as it does pushed audio.
 TTS_RATE = 24_000
@@ -207,6 +209,8 @@ async def _speaks_in_sync(
     [info] = await live_sessions(http)
     assert info["kind"] == "livekit", info
     session_id = info["id"]
+    async with http.get("/metrics") as response:
+        assert 'lipstream_sessions_by_kind{kind="livekit"} 1.0' in await response.text()
 
     # The session's first words: the model's first runs after it loaded are slow on this
     # VM, and their frames are dropped as late (counted as such); the sync is judged on
@@ -575,3 +579,21 @@ async def test_the_session_ends_when_its_agent_never_comes_or_livekit_dies(
                 assert took_s <= 10 + 5, took_s
             finally:
                 await agent.close()
+
+
+async def test_the_example_agent_speaks_espeak_lines() -> None:
+    """clients/python/examples/livekit_avatar_agent.py (the guide's runnable agent):
+    importable with the client's extra, and its lines are real speech frames."""
+    require_espeak()
+    path = REPO / "clients" / "python" / "examples" / "livekit_avatar_agent.py"
+    spec = importlib.util.spec_from_file_location("livekit_avatar_agent", path)
+    assert spec is not None
+    assert spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    frames = [frame async for frame in example.speech_frames(example.LINES[0])]
+    rate = frames[0].sample_rate
+    assert all(f.samples_per_channel == int(rate * 0.02) for f in frames[:-1])
+    pcm = np.concatenate([np.frombuffer(f.data, dtype=np.int16) for f in frames])
+    assert len(pcm) / rate > 2.0  # a sentence
+    assert np.abs(pcm).max() > 3000  # spoken, not silence

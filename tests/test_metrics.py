@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
@@ -34,6 +34,7 @@ from web.app import build_app
 from web.app_keys import SESSIONS
 from web.link_metrics import MODES as LINK_MODES
 from web.link_metrics import STEPS as LINK_STEPS
+from web.schemas.base import SessionKind
 
 DEVICES = ("cpu:0", "cpu:1")
 VISUAL = (6, 320, 320)
@@ -59,6 +60,7 @@ ALLOWED_LABELS = {
     "event": {"started", "ended", "rejected", "failed"},
     "stage": set(STAGES) | set(SENDING),
     "source": {"shared", "encoded"},
+    "kind": set(get_args(SessionKind)),
     # the calls' links (web/link_metrics.py)
     "step": set(LINK_STEPS),
     "mode": set(LINK_MODES),
@@ -95,6 +97,7 @@ FAMILIES = {
     "gauge": [
         "lipstream_sessions_live",
         "lipstream_sessions_callerless",
+        "lipstream_sessions_by_kind",
         "lipstream_viewers",
         "lipstream_outputs",
         "lipstream_queue_depth",
@@ -363,6 +366,8 @@ async def test_a_live_session_feeds_frame_delays_and_session_counters(
         assert value(live, "lipstream_frame_stage_seconds_count", stage="slot_wait") == sent
         assert value(live, "lipstream_frame_stage_seconds_sum", stage="encode") > 0
         assert value(live, "lipstream_sessions_live") == 1
+        assert value(live, "lipstream_sessions_by_kind", kind="call") == 1
+        assert value(live, "lipstream_sessions_by_kind", kind="livekit") == 0
         assert value(live, "lipstream_frames_served_total") > 0
         assert value(live, "lipstream_frames_inferred_total") > 0
         assert value(live, "lipstream_background_cache_entries") > 0

@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
+from livekit import api
 from openapi_spec_validator import validate as validate_spec
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
@@ -459,6 +460,7 @@ async def _check_broadcast_routes(check: Conformance) -> None:
         await check("DELETE", leave, 404, path=location)
         await _check_output_routes(check, sid)
         await _check_whip(check)
+        await _check_livekit(check)
         await check("DELETE", "/sessions/{session_id}", 200, path=f"/sessions/{sid}")
         await check("POST", watch, 404, path=f"/sessions/{sid}/whep", data=sdp, headers=sdp_type)
     finally:
@@ -487,6 +489,24 @@ async def _check_whip(check: Conformance) -> None:
         await check("POST", whip, 400, path="/whip/alice", data=sdp, headers=sdp_type)
     finally:
         await video_only.close()
+
+
+async def _check_livekit(check: Conformance) -> None:
+    """Its refusals (the 201 needs a LiveKit server: tests/test_livekit.py)."""
+    route = "/livekit/sessions"
+    token = (
+        api.AccessToken("key", "a-secret-long-enough-for-pyjwt-0123456789")
+        .with_identity("avatar")
+        .with_grants(api.VideoGrants(room_join=True, room="room"))
+        .with_attributes({"lk.publish_on_behalf": "agent"})
+        .to_jwt()
+    )
+    body = {"livekit_url": "ws://127.0.0.1:7880", "livekit_token": token, "avatar": "alice"}
+    check.request_schema_accepts(route, "post", body)
+    await check("POST", route, 400, json={"livekit_url": "ws://127.0.0.1:7880"})
+    await check("POST", route, 400, json={**body, "livekit_token": "not-a-token"})
+    await check("POST", route, 400, json=body)  # loopback, and livekit.allow_private is off
+    await check("POST", route, 404, json={**body, "avatar": "nobody"})
 
 
 async def _check_output_routes(check: Conformance, sid: str) -> None:

@@ -28,6 +28,7 @@ lipstream_sessions_live                     gauge                   sessions
 lipstream_sessions_speaking                 gauge                   sessions
 lipstream_audio_streams_open                gauge                   sessions
 lipstream_sessions_callerless               gauge                   sessions
+lipstream_sessions_by_kind                  gauge      kind         sessions
 lipstream_viewers                           gauge                   sessions
 lipstream_outputs                           gauge                   sessions
 lipstream_sessions_total                    counter    event        sessions
@@ -96,6 +97,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from types import MappingProxyType
+from typing import get_args
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -114,6 +116,7 @@ from streaming.live.tasks import end_reason_label
 from web.app_keys import CORE, METRICS, SESSIONS
 from web.link_metrics import link_metrics
 from web.process_metrics import add_process_metrics
+from web.schemas.base import SessionKind
 
 # The classic text format: every Prometheus version reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -259,6 +262,17 @@ class SnapshotCollector(Collector):
             "Live sessions no caller owns (POST /sessions).",
             value=totals.callerless,
         )
+        by_kind = GaugeMetricFamily(
+            "lipstream_sessions_by_kind",
+            "Live sessions by kind: call, callerless, whip, livekit (GET /admin/sessions).",
+            labels=["kind"],
+        )
+        kinds = dict.fromkeys(get_args(SessionKind), 0)
+        for session in self._sessions.sessions:
+            kinds[session.kind] = kinds.get(session.kind, 0) + 1
+        for kind, count in kinds.items():
+            by_kind.add_metric([kind], count)
+        yield by_kind
         yield GaugeMetricFamily("lipstream_viewers", "WHEP viewers watching now.", totals.viewers)
         yield GaugeMetricFamily(
             "lipstream_outputs", "Streams pushed out now (RTMP, WHIP).", totals.outputs

@@ -213,7 +213,7 @@ function updateSessionRow(row, session) {
   c[4].textContent = `${number(delay.p50)} / ${number(delay.p95)}`;
   c[5].textContent = session.remote ?? "–";
   c[6].textContent =
-    `${session.caller ? "caller" : "no caller"} · ${session.viewers} · ${session.outputs}`;
+    `${session.kind} · ${session.viewers} · ${session.outputs}`;
 }
 
 function render(stats, sessions) {
