@@ -8,7 +8,8 @@ the test's livekit-server as a production worker is, and dispatches it to rooms
 clock every process here shares, when each decoded video frame and each 10 ms of audio
 arrived: the frame's size and the darkness of its mouth box (the demo model draws an
 open, dark mouth; ``benchmarks/browser_delay.py``'s ``mouth_box``), and the audio's
-samples. It talks to the agent by RPC (``test.*``, tests/livekit_agent.py).
+samples. It talks to the agent by RPC (``test.*``, tests/livekit_agent.py). :class:`Agent` is
+an agent this process plays, for tests that need no worker.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 import pytest
 from livekit import api, rtc
+from livekit.agents.voice.avatar import DataStreamAudioOutput
+from livekit.agents.voice.io import PlaybackFinishedEvent
 
 from tests.live_calls import TIMEOUT_S, until
 from tests.livekit_server import API_KEY, API_SECRET, LiveKit
@@ -217,6 +220,49 @@ async def agent_worker(
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+class Agent:
+    """A participant of kind agent in ``room``, played by this process: it speaks to the
+    avatar as livekit-agents does, with livekit-agents' own ``DataStreamAudioOutput``."""
+
+    def __init__(self, livekit: LiveKit, room: str) -> None:
+        self.livekit = livekit
+        self.name = room
+        self.identity = f"agent-{room}"
+        self.room = rtc.Room()
+        self.output: DataStreamAudioOutput | None = None
+        self.finished: list[PlaybackFinishedEvent] = []
+
+    async def connect(self) -> None:
+        token = self.livekit.token(self.identity, self.name, kind="agent")
+        await self.room.connect(self.livekit.url, token)
+
+    def avatar_token(self, **overrides: Any) -> str:
+        """The token an avatar plugin mints for this agent's avatar."""
+        fields: dict[str, Any] = {
+            "kind": "agent",
+            "attributes": {"lk.publish_on_behalf": self.identity},
+        }
+        fields.update(overrides)
+        return self.livekit.token(f"avatar-{self.name}", self.name, **fields)
+
+    async def speak(self, pcm: np.ndarray, rate: int) -> None:
+        """One segment, as fast as it is taken (a TTS is faster than real time)."""
+        if self.output is None:
+            self.output = DataStreamAudioOutput(
+                self.room, destination_identity=f"avatar-{self.name}", sample_rate=rate
+            )
+            self.output.on("playback_finished", self.finished.append)
+        samples = (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
+        step = rate // 50
+        for start in range(0, len(samples), step):
+            chunk = samples[start : start + step]
+            await self.output.capture_frame(rtc.AudioFrame(chunk.tobytes(), rate, 1, len(chunk)))
+        self.output.flush()
+
+    async def close(self) -> None:
+        await self.room.disconnect()
 
 
 def playback(answer: str) -> dict[str, Any]:

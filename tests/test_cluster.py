@@ -31,6 +31,8 @@ from tests.live_calls import (
     speech_frames,
     until,
 )
+from tests.livekit_room import Agent
+from tests.livekit_server import run_livekit
 from tests.media import resample_linear, speech_with_pauses, write_wav
 from tests.packages import make_package
 from tests.webrtc_client import Caller
@@ -79,6 +81,7 @@ async def front(
             # under a busy loop); what these tests ask is where calls go and that control
             # reaches them.
             "session": {"pipeline_margin_ms": SLACK_MARGIN_MS},
+            "livekit": {"allow_private": True},  # its test server is on loopback
             # A healthy worker's report must not miss its timeout on a loaded machine.
             "cluster": {
                 "workers": 2,
@@ -252,7 +255,7 @@ async def test_audio_streams_and_events_flow_through_the_front(
 
 
 async def test_a_callerless_session_is_placed_and_watched_through_the_front(
-    front: TestClient[Any, Any],
+    front: TestClient[Any, Any], tmp_path: Path
 ) -> None:
     cluster = _cluster(front)
     anchor = Caller(front, "bob")
@@ -295,6 +298,7 @@ async def test_a_callerless_session_is_placed_and_watched_through_the_front(
         finally:
             await publisher.close()
         assert (await front.delete(f"/sessions/{sid}")).status == 200
+        await _livekit_placed(front, tmp_path, _worker_of(anchor))
     finally:
         await anchor.hang_up()
 
@@ -304,6 +308,32 @@ async def test_a_callerless_session_is_placed_and_watched_through_the_front(
         return all(r is not None and r.live_sessions == 0 for r in reports)
 
     await until(emptied, "both workers to report no session")
+
+
+async def _livekit_placed(front: TestClient[Any, Any], tmp_path: Path, worker: str) -> None:
+    """A LiveKit agent's avatar, posted to the front, joins its room from the worker
+    that holds bob's model."""
+    with run_livekit(tmp_path / "livekit") as livekit:
+        agent = Agent(livekit, "room-front")
+        await agent.connect()
+        try:
+            body = {"livekit_url": livekit.url, "avatar": "bob"}
+            refused = await front.post(
+                "/livekit/sessions", json={**body, "livekit_token": "not-a-token"}
+            )
+            assert (await refused.json())["error"]["code"] == "bad_livekit_token"
+            created = await front.post(
+                "/livekit/sessions", json={**body, "livekit_token": agent.avatar_token()}
+            )
+            assert created.status == 201, await created.text()
+            answer = await created.json()
+            address = parse_session_id(answer["session_id"])
+            assert address is not None
+            assert address.worker == worker
+            await until(lambda: "avatar-room-front" in agent.room.remote_participants, "the avatar")
+            assert (await front.delete(f"/sessions/{answer['session_id']}")).status == 200
+        finally:
+            await agent.close()
 
 
 async def test_a_full_cluster_refuses_with_retry_after(front: TestClient[Any, Any]) -> None:

@@ -29,7 +29,6 @@ import numpy as np
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient, TestServer
 from livekit import api, rtc
-from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import PlaybackFinishedEvent
 
 from benchmarks.browser_delay import MOUTH_QUIET_S, av_offsets_ms, mouth_box, rising_edges
@@ -37,8 +36,8 @@ from config.settings import Settings
 from inference_core.assets.demo_avatar import ensure_demo_avatar
 from streaming.live.tasks import STAGES
 from tests.live_calls import LATENESS, session_state, until
-from tests.livekit_room import AUDIO_RATE, Heard, Subscriber, agent_worker, playback
-from tests.livekit_server import API_KEY, API_SECRET, LiveKit, run_livekit
+from tests.livekit_room import AUDIO_RATE, Agent, Heard, Subscriber, agent_worker, playback
+from tests.livekit_server import API_KEY, API_SECRET, run_livekit
 from tests.media import espeak_wav, read_wav, require_espeak, resample_linear, write_wav
 from tests.nginx_proxy import free_port
 from tests.server_process import lipstream_serve
@@ -334,49 +333,6 @@ async def _agent_leaves(http: ClientSession, sub: Subscriber, wav: Path) -> None
 
 
 # --- refusals and faults: the test process plays the agent --------------------------
-
-
-class Agent:
-    """A participant of kind agent in ``room``, played by this process: it speaks to the
-    avatar as livekit-agents does, with livekit-agents' own ``DataStreamAudioOutput``."""
-
-    def __init__(self, livekit: LiveKit, room: str) -> None:
-        self.livekit = livekit
-        self.name = room
-        self.identity = f"agent-{room}"
-        self.room = rtc.Room()
-        self.output: DataStreamAudioOutput | None = None
-        self.finished: list[PlaybackFinishedEvent] = []
-
-    async def connect(self) -> None:
-        token = self.livekit.token(self.identity, self.name, kind="agent")
-        await self.room.connect(self.livekit.url, token)
-
-    def avatar_token(self, **overrides: Any) -> str:
-        """The token an avatar plugin mints for this agent's avatar."""
-        fields: dict[str, Any] = {
-            "kind": "agent",
-            "attributes": {"lk.publish_on_behalf": self.identity},
-        }
-        fields.update(overrides)
-        return self.livekit.token(f"avatar-{self.name}", self.name, **fields)
-
-    async def speak(self, pcm: np.ndarray, rate: int) -> None:
-        """One segment, as fast as it is taken (a TTS is faster than real time)."""
-        if self.output is None:
-            self.output = DataStreamAudioOutput(
-                self.room, destination_identity=f"avatar-{self.name}", sample_rate=rate
-            )
-            self.output.on("playback_finished", self.finished.append)
-        samples = (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
-        step = rate // 50
-        for start in range(0, len(samples), step):
-            chunk = samples[start : start + step]
-            await self.output.capture_frame(rtc.AudioFrame(chunk.tobytes(), rate, 1, len(chunk)))
-        self.output.flush()
-
-    async def close(self) -> None:
-        await self.room.disconnect()
 
 
 def stage_tasks() -> set[str]:
