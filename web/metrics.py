@@ -267,9 +267,7 @@ class SnapshotCollector(Collector):
             "Live sessions by kind: call, callerless, whip, livekit (GET /admin/sessions).",
             labels=["kind"],
         )
-        kinds = dict.fromkeys(get_args(SessionKind), 0)
-        for session in self._sessions.sessions:
-            kinds[session.kind] = kinds.get(session.kind, 0) + 1
+        kinds = dict.fromkeys(get_args(SessionKind), 0) | totals.by_kind
         for kind, count in kinds.items():
             by_kind.add_metric([kind], count)
         yield by_kind

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -150,6 +150,7 @@ class SessionManager:
             viewers=sum(s.audience.count for s in live),
             outputs=sum(s.outputs.count for s in live),
             callerless=sum(not s.has_caller for s in live),
+            by_kind=dict(Counter(s.kind for s in live)),
             link=c.link.plus(snapshot.link for snapshot in sessions),
         )
         return SessionsSnapshot(

@@ -169,6 +169,8 @@ class SessionTotals:
     speaking: int = 0
     audio_streams: int = 0
     #: WHEP viewers and outputs of the live sessions, and sessions no caller owns (§21).
+    #: Live sessions by kind (``call``, ``callerless``, ``whip``, ``livekit``).
+    by_kind: dict[str, int] = field(default_factory=dict)
     viewers: int = 0
     outputs: int = 0
     callerless: int = 0

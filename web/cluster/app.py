@@ -9,10 +9,8 @@ one (``docs/design/cluster.md`` §14):
   worker :func:`~web.cluster.placement.candidates` names that accepts it. A worker that
   refuses for capacity (503) is skipped for the next; when all refuse, the caller gets
   503 + Retry-After with their reasons.
-- ``POST /sessions`` (a session no caller owns), ``POST /whip/{avatar}`` (a WHIP
-  publisher) and ``POST /livekit/sessions`` (a LiveKit agent's avatar: its URL and token
-  checked here as in one process, ``streaming/livekit/join.py``) are checked the same way
-  and placed as an offer is.
+- ``POST /sessions``, ``POST /whip/{avatar}`` and ``POST /livekit/sessions`` (no SDK
+  here: ``web/livekit.py``) are checked the same way and placed as an offer is.
 - ``/sessions/{id}`` and everything under it go to the worker named in the id (404 when no
   worker has that name, ``410 session_lost`` when the worker restarted since); the audio
   stream's WebSocket and the event stream are relayed as they flow (``web/cluster/relay.py``).
@@ -47,7 +45,7 @@ from multidict import CIMultiDict
 
 from config.settings import Settings
 from streaming.exceptions import SessionLimitError
-from streaming.livekit import checked_join
+from web import livekit
 from web.admin_auth import Handler, admin_denial, admin_only
 from web.app_keys import DRAINING, LIVENESS, SETTINGS
 from web.cluster import aggregate, avatar_import
@@ -59,11 +57,9 @@ from web.edge import edge_app
 from web.errors import RequestError
 from web.health import health
 from web.inference import rest
-from web.livekit import EXAMPLE as LIVEKIT_EXAMPLE
 from web.offer_gate import check_offer_request, refuse_if_rate_limited
 from web.request_body import parse_body, read_limited
 from web.schemas import NewSession
-from web.schemas.livekit import NewLiveKitSession
 from web.session_tokens import require_token
 
 logger = logging.getLogger(__name__)
@@ -108,7 +104,7 @@ def build_front_app(settings: Settings, *, front: ClusterFront | None = None) ->
     router.add_post("/offer", offer)
     router.add_post("/sessions", new_session)
     router.add_post("/whip/{avatar}", whip)
-    router.add_post("/livekit/sessions", new_livekit_session)
+    router.add_post("/livekit/sessions", livekit.placed_by(_place))
     router.add_route("*", "/sessions/{session_id}", to_session)
     router.add_route("*", "/sessions/{session_id}/{tail:.*}", to_session)
     router.add_route("*", "/v1/infer/{model_id}", to_model)
@@ -183,8 +179,7 @@ async def offer(request: web.Request) -> web.Response:
 
 
 async def new_session(request: web.Request) -> web.Response:
-    """A session no caller owns (``POST /sessions``): checked as in one process, then
-    placed as a call on its avatar is."""
+    """A session no caller owns: checked as in one process, placed as a call is."""
     settings = request.app[SETTINGS]
     if request.app[DRAINING].draining:
         raise SessionLimitError("the server is shutting down; try again shortly")
@@ -192,23 +187,6 @@ async def new_session(request: web.Request) -> web.Response:
     raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
     body = parse_body(NewSession, raw, example='{"avatar": "demo"}')
     require_token(request, settings.auth, body.avatar_id)
-    return await _place(request, body.avatar_id, raw)
-
-
-async def new_livekit_session(request: web.Request) -> web.Response:
-    """A LiveKit agent's avatar (``POST /livekit/sessions``): checked as in one process as
-    far as a front can (no SDK here: its URL and the token's claims), then placed as a
-    call on its avatar is; the worker joins the room."""
-    settings = request.app[SETTINGS]
-    if request.app[DRAINING].draining:
-        raise SessionLimitError("the server is shutting down; try again shortly")
-    refuse_if_rate_limited(request)
-    raw = await read_limited(request, settings.server.max_offer_bytes, "the JSON body")
-    body = parse_body(NewLiveKitSession, raw, example=LIVEKIT_EXAMPLE)
-    require_token(request, settings.auth, body.avatar_id)
-    await checked_join(
-        body.livekit_url, body.livekit_token, allow_private=settings.livekit.allow_private
-    )
     return await _place(request, body.avatar_id, raw)
 
 

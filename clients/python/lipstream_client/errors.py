@@ -153,6 +153,17 @@ class ServerError(LipstreamError):
     """The server failed (5xx); its log says why."""
 
 
+class LiveKitRefused(BadRequest):
+    """The LiveKit URL or token cannot work (``bad_livekit_url``, ``bad_livekit_token``):
+    the message says what to change in it."""
+
+
+class LiveKitUnavailable(ServerError):
+    """The avatar could not join its LiveKit room: the server has no LiveKit SDK
+    (``livekit_not_installed``), or the LiveKit server could not be reached in time
+    (``livekit_unreachable``)."""
+
+
 class EventsOverflow(LipstreamError):
     """An event listener fell too far behind and was disconnected (``events_overflow``)."""
 
@@ -194,6 +205,8 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "unsupported_media_type": BadRequest,  # 415: a WHEP offer not sent as application/sdp
         "bad_output": BadRequest,  # a session's output (RTMP) the server cannot take
         "bad_frame": BadFrame,
+        "bad_livekit_url": LiveKitRefused,
+        "bad_livekit_token": LiveKitRefused,
         "bad_message": BadMessage,
         # 401, 403
         "unauthorized": Unauthorized,
@@ -236,6 +249,8 @@ ERRORS_BY_CODE: Mapping[str, type[LipstreamError]] = MappingProxyType(
         "internal_error": ServerError,
         "streaming_failed": ServerError,
         "tts_failed": ServerError,
+        "livekit_not_installed": LiveKitUnavailable,
+        "livekit_unreachable": LiveKitUnavailable,
         "model_invalid": ServerError,
         "model_load_failed": ServerError,
         "inference_failed": ServerError,
