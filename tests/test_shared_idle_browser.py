@@ -64,6 +64,12 @@ IN_FLIGHT_FRAMES = FPS
 #: its own scheduling. A seam that breaks the stream (a timestamp or reference the
 #: decoder cannot follow) drops frames at every such seam, and there are 50 of them.
 MAX_DROPPED_ON_TIME = 2
+#: Phases on time by the server's counters in which the browser may still freeze: a
+#: stall no counter sees (Chromium's own threads, or a send delayed past the track on
+#: two cores busy with the suite). CI froze once in one silence, five freezes in 2.0 s
+#: with no PLI, every other phase clean. A seam that breaks the stream freezes at every
+#: seam of its kind: 25 or 50 phases.
+MAX_FROZEN_ON_TIME = 2
 
 # The call, shown in a <video>, as window.call, and the server events it receives on its
 # data channel as window.events; lipstream.js from the page's own origin.
@@ -331,12 +337,13 @@ async def test_fifty_speech_switches_between_shared_and_live_frames_without_a_se
     # No freeze and no dropped frame at the switches. Where the server fell behind (two
     # busy cores), the browser waits for frames that come late or never: a freeze there,
     # seen when the next frame shows (maybe in the next phase), is the machine's, not a
-    # seam's. Enough phases must be on time for the test to say anything.
+    # seam's; so, in a stray phase, is one no counter explains (MAX_FROZEN_ON_TIME).
+    # Enough phases must be on time for the test to say anything.
     late = [False] + [_late(a, b) for a, b in itertools.pairwise(phases)]
     on_time = [i for i in range(1, len(phases)) if not (late[i] or late[i - 1])]
     assert len(on_time) >= len(phases) // 2, f"too busy to judge: {len(on_time)} phases on time"
     frozen = [str(phases[i]) for i in on_time if _delta(phases, i, "freezeCount")]
-    assert not frozen, frozen
+    assert len(frozen) <= MAX_FROZEN_ON_TIME, frozen
     dropped = sum(_delta(phases, i, "framesDropped") for i in on_time)
     assert dropped <= MAX_DROPPED_ON_TIME, [str(p) for p in phases]
 
