@@ -58,9 +58,11 @@ def write_speech(path: Path, seconds: float) -> Path:
     return path
 
 
-def cpu_seconds() -> float:
-    """This process's user + system CPU time (all threads), from ``/proc/self/stat``."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int | None = None) -> float:
+    """This process's (or ``pid``'s) user + system CPU time, all its threads, from
+    ``/proc/<pid>/stat``."""
+    stat = Path("/proc/self/stat" if pid is None else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

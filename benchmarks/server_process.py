@@ -28,6 +28,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
@@ -85,9 +86,13 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def serve_defaults(root: Path) -> AsyncIterator[Served]:
+async def serve_defaults(
+    root: Path, sections: dict[str, dict[str, Any]] | None = None
+) -> AsyncIterator[Served]:
     """``lipstream serve`` with the defaults (module doc), its files under ``root``; yields
-    once ``/ready`` answers 200; stops it with SIGTERM (its drain) at the end."""
+    once ``/ready`` answers 200; stops it with SIGTERM (its drain) at the end.
+    ``sections`` are settings the benchmark compares or needs (``livekit``), beside the
+    machine's."""
     port = grpc_port = _free_port()
     while grpc_port == port:
         grpc_port = _free_port()
@@ -99,6 +104,7 @@ async def serve_defaults(root: Path) -> AsyncIterator[Served]:
             **OPEN_ADMISSION,
         },
         "avatars": {"root": str(root / "avatars"), "data_dir": str(root / "data")},
+        **(sections or {}),
     }
     config = root / "lipstream.yaml"
     config.write_text(yaml.safe_dump(settings))

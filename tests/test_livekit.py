@@ -32,11 +32,12 @@ from livekit import api, rtc
 from livekit.agents.voice.io import PlaybackFinishedEvent
 
 from benchmarks.browser_delay import MOUTH_QUIET_S, av_offsets_ms, mouth_box, rising_edges
+from benchmarks.livekit_room import AUDIO_RATE, buzz_bursts, open_level, sound_onsets
 from config.settings import Settings
 from inference_core.assets.demo_avatar import ensure_demo_avatar
 from streaming.live.tasks import STAGES
 from tests.live_calls import LATENESS, session_state, until
-from tests.livekit_room import AUDIO_RATE, Agent, Heard, Subscriber, agent_worker, playback
+from tests.livekit_room import Agent, Subscriber, agent_worker, playback
 from tests.livekit_server import API_KEY, API_SECRET, run_livekit
 from tests.media import espeak_wav, read_wav, require_espeak, resample_linear, write_wav
 from tests.nginx_proxy import free_port
@@ -92,17 +93,10 @@ def tts_wav(path: Path, pcm_16k: np.ndarray) -> tuple[Path, float]:
 
 
 def bursts_wav(tmp_path: Path) -> tuple[Path, float]:
-    """:data:`BURSTS` buzz bursts, each after :data:`BURST_GAP_S` of silence: a 110 Hz
-    sawtooth up to 7.6 kHz, as ``benchmarks/browser_delay.py``'s probe. A buzz fills the
-    mel bands the demo model opens its mouth by, as a voice does, and starts at once, so
-    its onset at the subscriber and the mouth's are each one clear edge (a word's onset
-    is not: an "h" or an "s" is sound the model barely opens for)."""
-    t = np.arange(int(BURST_S * TTS_RATE)) / TTS_RATE
-    buzz = np.sum([np.sin(2 * np.pi * 110 * k * t) / k for k in range(1, 70)], axis=0)
-    buzz *= 0.15 * np.minimum(1.0, np.minimum(t, BURST_S - t) / 0.005)  # 5 ms ramps
-    gap = np.zeros(int(BURST_GAP_S * TTS_RATE))
-    pcm = np.concatenate([part for _ in range(BURSTS) for part in (gap, buzz)] + [gap[:4800]])
-    return write_wav(tmp_path / "bursts.wav", pcm.astype(np.float32), TTS_RATE), len(pcm) / TTS_RATE
+    """:data:`BURSTS` buzz bursts, each after :data:`BURST_GAP_S` of silence
+    (``benchmarks/livekit_room.py``'s ``buzz_bursts``), as the agent's TTS would."""
+    pcm = buzz_bursts(TTS_RATE, BURSTS, BURST_S, BURST_GAP_S)
+    return write_wav(tmp_path / "bursts.wav", pcm, TTS_RATE), len(pcm) / TTS_RATE
 
 
 def sentence_wav(tmp_path: Path, name: str) -> tuple[Path, np.ndarray]:
@@ -112,23 +106,6 @@ def sentence_wav(tmp_path: Path, name: str) -> tuple[Path, np.ndarray]:
     pcm = resample_linear(pcm[loud[0] :], rate, 16_000)
     path, _ = tts_wav(tmp_path / f"{name}.wav", pcm)
     return path, resample_linear(pcm, 16_000, AUDIO_RATE)
-
-
-def sound_onsets(heard: Heard, since_s: float, quiet_s: float = 0.5) -> list[float]:
-    """Where the avatar's voice starts after ``quiet_s`` of quiet, at the subscriber."""
-    times, rms = heard.audio_clock(), heard.audio_rms()
-    keep = times >= since_s
-    if not keep.any():
-        return []
-    return rising_edges(times[keep].tolist(), rms[keep].tolist(), 0.1 * rms[keep].max(), quiet_s)
-
-
-def open_level(frames: list[tuple[float, float]]) -> float:
-    """Darkness over which the mouth is open: a quarter of the way from shut (median) to
-    wide (99th percentile), as ``benchmarks/browser_delay.py``'s ``mouth_onsets``."""
-    dark = np.asarray([d for _, d in frames])
-    shut, wide = float(np.median(dark)), float(np.percentile(dark, 99))
-    return shut + 0.25 * (wide - shut)
 
 
 def ended(metrics: str, reason: str) -> int:
@@ -232,12 +209,17 @@ async def _speaks_in_sync(
     assert wav_s - skipped_s - 0.021 <= position <= wav_s + 0.021, (played, wav_s, skipped_s)
     # The metrics livekit-agents reports for an avatar: its join latency.
     assert any(m.get("type") == "avatar_metrics" for m in played["metrics"]), played["metrics"]
-    await until(
-        lambda: sub.heard.frames[-1][0] > sub.heard.audio_clock()[-1] - 0.1, "video caught up"
-    )
-
+    # The subscriber hears the last burst after the avatar sent it by its jitter buffer's
+    # level, which a busy machine grows (its playout stretched 0.8 s bursts to 0.86 s in
+    # a full suite): wait for every burst, then for the video a second past the last.
     heard = sub.heard
-    sounds = sound_onsets(heard, said_at, quiet_s=0.4)
+
+    def all_heard() -> list[float] | None:
+        found = sound_onsets(heard, said_at, quiet_s=0.4)
+        return found if len(found) >= BURSTS else None
+
+    sounds = await until(all_heard, "every burst heard at the subscriber")
+    await until(lambda: heard.frames[-1][0] > sounds[-1] + 1.0, "video caught up")
     assert len(sounds) == BURSTS, sounds
     window = heard.frames_between(sounds[0] - 0.5, sounds[-1] + 1.0)
     span_s = window[-1][0] - window[0][0]
