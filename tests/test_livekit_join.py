@@ -17,8 +17,10 @@ from livekit import api
 from config.settings import VideoSettings
 from streaming.exceptions import LiveKitTokenError, LiveKitUrlError
 from streaming.livekit.join import checked_join, read_claims, redacted
+from streaming.livekit.media import KeyframeRequests
 from streaming.livekit.segments import SegmentError, segment_format
-from streaming.webrtc.video_encoder import EncoderFactory, access_unit
+from streaming.webrtc.encoder_config import EncoderConfig
+from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder, access_unit
 
 SECRET = "a-secret-long-enough-for-pyjwt-0123456789"
 
@@ -167,4 +169,53 @@ def test_a_frames_payloads_join_back_into_the_access_unit_they_were_cut_from() -
                 if unit[i : i + 3] == b"\x00\x00\x01"
             }
             assert {5, 7, 8} <= types  # IDR slice, SPS, PPS
+    encoder.close()
+
+
+def test_the_rooms_first_keyframe_request_is_answered_at_once_and_later_ones_are_owed() -> None:
+    """LiveKit's keyframe requests (``streaming/livekit/media.py``): the first at once,
+    though the stream's first IDR went out a moment ago (before anyone subscribed);
+    later ones once per the encoder's interval, owed rather than dropped, and none when
+    a shared loop's IDR went out meanwhile."""
+    now = [0.0]
+    encoder = LipstreamH264Encoder(
+        EncoderConfig.from_settings(VideoSettings(preset="ultrafast"), 320, 240),
+        clock=lambda: now[0],
+    )
+    encoder.keyframe_interval_s = 1.0
+
+    def encode(index: int) -> None:
+        frame = av.VideoFrame.from_ndarray(
+            np.zeros((240 * 3 // 2, 320), dtype=np.uint8), format="yuv420p"
+        )
+        frame.pts = index * 3600
+        frame.time_base = fractions.Fraction(1, 90_000)
+        encoder.encode_packet(frame)
+
+    requests = KeyframeRequests()
+    encode(0)  # the stream's first IDR, at t = 0
+    now[0] = 0.1
+    requests.update(True, encoder)  # the first subscriber
+    assert encoder.keyframe_wanted
+    encode(1)  # that IDR, at 0.1
+    assert not encoder.keyframe_wanted
+    now[0] = 0.3
+    requests.update(True, encoder)  # a second subscriber, within the interval
+    assert not encoder.keyframe_wanted
+    now[0] = 1.0
+    requests.update(False, encoder)
+    assert not encoder.keyframe_wanted
+    now[0] = 1.15
+    requests.update(False, encoder)  # owed: answered once the interval has passed
+    assert encoder.keyframe_wanted
+    encode(2)
+    now[0] = 1.5
+    requests.update(True, encoder)
+    now[0] = 1.7
+    encoder.take_keyframe_request()  # a shared loop's IDR went out
+    for t in (1.74, 2.8, 3.0):
+        now[0] = t
+        requests.update(False, encoder)
+    assert not encoder.keyframe_wanted  # the loop's IDR answered it
+    assert (requests.asked, requests.granted) == (3, 2)
     encoder.close()

@@ -10,8 +10,8 @@ waits here and nothing is queued:
   it is: each slot's RTP payloads are joined back into the Annex B access unit they
   were cut from (aiortc's depacketizer) and handed to an ``EncodedVideoSource``, which
   LiveKit forwards without decoding. LiveKit's keyframe requests reach the station's
-  encoder (at most one IDR a second, as for viewers) and its rate control sets the
-  encoder's target bitrate.
+  encoder (:class:`KeyframeRequests`) and its rate control sets the encoder's target
+  bitrate.
 - **video, ``h264`` or ``vp8``**: the composed frames go to a ``VideoSource`` as I420,
   for libwebrtc to encode (``vp8`` with LiveKit's default simulcast layers); kept to
   measure against, see the design page.
@@ -87,7 +87,7 @@ class RoomMedia:
         self._opus = OpusDecoder()
         self.frames_captured = 0
         self.frames_refused = 0
-        self.keyframes_asked = 0
+        self.keyframes = KeyframeRequests()
         self.bitrate_asked: int | None = None
 
     def video_options(self) -> rtc.TrackPublishOptions:
@@ -159,9 +159,7 @@ class RoomMedia:
         else:
             self.frames_refused += 1
         feedback = source.take_feedback()
-        if feedback.keyframe_requested:
-            self.keyframes_asked += 1
-            encoder.peer_requests_keyframe()
+        self.keyframes.update(feedback.keyframe_requested, encoder)
         if feedback.rate_control is not None:
             target = feedback.rate_control.target_bitrate_bps
             if target > 0 and target != self.bitrate_asked:
@@ -193,6 +191,42 @@ class RoomMedia:
         if self._raw is not None:
             await self._raw.aclose()
         await self._audio.aclose()
+
+
+class KeyframeRequests:
+    """The room's keyframe requests to the session's encoder.
+
+    LiveKit's SFU asks the publisher for a keyframe when a subscriber needs one (a new
+    one, or one that lost the picture), folding its subscribers' requests into one. The
+    first is answered at once: no subscriber has had a picture, and the IDR the stream
+    began with went out before anyone subscribed (answered as a viewer's, within a second
+    of it, the first picture waited for the shared loop's next IDR, 0.5 s later on the
+    development VM). Later ones at most one IDR per the encoder's interval (a second, as
+    for viewers), owed rather than dropped: the SFU does not ask twice for one need.
+    """
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.granted = 0
+        #: The age of the last IDR when the owed request came (None: nothing owed).
+        self._owed_at_age: float | None = None
+
+    def update(self, requested: bool, encoder: LipstreamH264Encoder) -> None:
+        """One slot's feedback: ``requested`` if the room asked for a keyframe."""
+        age = encoder.since_idr_s
+        if requested:
+            self.asked += 1
+            if self._owed_at_age is None:
+                self._owed_at_age = age
+        owed_at = self._owed_at_age
+        if owed_at is None:
+            return
+        if self.granted > 0 and age < owed_at:  # an IDR went out since (a shared loop's)
+            self._owed_at_age = None
+        elif self.granted == 0 or age >= encoder.keyframe_interval_s:
+            self._owed_at_age = None
+            self.granted += 1
+            encoder.request_keyframe()
 
 
 def _carries_idr(annex_b: bytes) -> bool:

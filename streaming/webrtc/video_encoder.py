@@ -138,6 +138,11 @@ class LipstreamH264Encoder(H264Encoder):
         self._keyframe_wanted = True
 
     @property
+    def since_idr_s(self) -> float:
+        """Seconds since the last IDR went out (this encoder's or a shared loop's)."""
+        return self._clock() - self._last_idr_at
+
+    @property
     def keyframe_wanted(self) -> bool:
         """Whether a keyframe request (or a switch back from a shared idle loop) waits."""
         return self._keyframe_wanted
