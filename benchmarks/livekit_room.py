@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -34,6 +33,7 @@ import numpy as np
 from livekit import api, rtc
 
 from benchmarks.browser_delay import rising_edges
+from benchmarks.server_process import free_port
 
 SERVER = Path(os.environ.get("LIPSTREAM_LIVEKIT_DIR", "/opt/lipstream-ci/livekit")) / "server"
 BUILD = (
@@ -108,13 +108,6 @@ def server_binary() -> Path:
     raise LiveKitServerError(
         f"livekit-server is not at {SERVER}: build it with {BUILD.format(dir=SERVER.parent)}"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

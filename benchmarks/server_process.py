@@ -78,7 +78,7 @@ class ProcessReading:
         return sum(n for reason, n in self.ended.items() if not reason.startswith("hung up"))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -93,9 +93,9 @@ async def serve_defaults(
     once ``/ready`` answers 200; stops it with SIGTERM (its drain) at the end.
     ``sections`` are settings the benchmark compares or needs (``livekit``), beside the
     machine's."""
-    port = grpc_port = _free_port()
+    port = grpc_port = free_port()
     while grpc_port == port:
-        grpc_port = _free_port()
+        grpc_port = free_port()
     settings = {
         "server": {
             "port": port,
