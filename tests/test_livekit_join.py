@@ -17,7 +17,7 @@ from livekit import api
 from config.settings import VideoSettings
 from streaming.exceptions import LiveKitTokenError, LiveKitUrlError
 from streaming.livekit.join import checked_join, read_claims, redacted
-from streaming.livekit.media import KeyframeRequests
+from streaming.livekit.media import MAX_FILL_SLOTS, KeyframeRequests, skipped_slots
 from streaming.livekit.segments import SegmentError, segment_format
 from streaming.webrtc.encoder_config import EncoderConfig
 from streaming.webrtc.video_encoder import EncoderFactory, LipstreamH264Encoder, access_unit
@@ -219,3 +219,14 @@ def test_the_rooms_first_keyframe_request_is_answered_at_once_and_later_ones_are
     assert not encoder.keyframe_wanted  # the loop's IDR answered it
     assert (requests.asked, requests.granted) == (3, 2)
     encoder.close()
+
+
+def test_slots_the_audio_track_skipped_are_filled_with_silence() -> None:
+    """The room's audio source counts samples for its RTP timestamps: each skipped slot
+    is filled (``streaming/livekit/media.py``), never a repeated or earlier one, and no
+    more than MAX_FILL_SLOTS at once."""
+    assert skipped_slots(None, 7) == 0  # the first packet
+    assert skipped_slots(7, 7) == 0
+    assert skipped_slots(7, 6) == 0
+    assert skipped_slots(7, 10) == 3
+    assert skipped_slots(0, 10_000) == MAX_FILL_SLOTS

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 AUDIO_QUEUE_MS = 0
 #: What a queue-less source takes at once.
 CAPTURE_SAMPLES = OUT_RATE // 100
+#: The most silence (20 ms slots) put in for skipped slots at once: 2 s, past any stall
+#: the session's watchdogs let go on.
+MAX_FILL_SLOTS = 100
 KIND = "livekit"
 #: Both tracks' stream: LiveKit gives subscribers tracks of one stream in one
 #: MediaStream, which libwebrtc (browsers, the SDKs) plays in sync.
@@ -85,6 +88,9 @@ class RoomMedia:
         self._audio = rtc.AudioSource(OUT_RATE, 1, queue_size_ms=AUDIO_QUEUE_MS)
         self.audio_track = rtc.LocalAudioTrack.create_audio_track("avatar-audio", self._audio)
         self._opus = OpusDecoder()
+        self._next_audio: int | None = None
+        #: 20 ms slots of silence captured for slots the audio track skipped.
+        self.audio_filled = 0
         self.frames_captured = 0
         self.frames_refused = 0
         self.keyframes = KeyframeRequests()
@@ -122,12 +128,21 @@ class RoomMedia:
             self._send_raw(media)
 
     async def audio(self, packet: av.Packet[Any]) -> None:
-        """One 20 ms slot's Opus packet, decoded into the room's audio source."""
+        """One 20 ms slot's Opus packet, decoded into the room's audio source, after
+        silence for any slots the track skipped before it (:func:`skipped_slots`)."""
+        index = (packet.pts or 0) // CHUNK_SAMPLES
+        gap = skipped_slots(self._next_audio, index)
+        self._next_audio = index + 1
+        if gap:
+            self.audio_filled += gap
+            await self._capture(np.zeros(gap * CHUNK_SAMPLES, dtype=np.int16))
         try:
             samples = self._opus.decode(bytes(packet))
         except ValueError:
             samples = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
-        pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
+        await self._capture((np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16))
+
+    async def _capture(self, pcm: np.ndarray) -> None:
         for start in range(0, len(pcm) - CAPTURE_SAMPLES + 1, CAPTURE_SAMPLES):
             part = pcm[start : start + CAPTURE_SAMPLES]
             await self._audio.capture_frame(rtc.AudioFrame(part.tobytes(), OUT_RATE, 1, len(part)))
@@ -227,6 +242,21 @@ class KeyframeRequests:
             self._owed_at_age = None
             self.granted += 1
             encoder.request_keyframe()
+
+
+def skipped_slots(expected: int | None, index: int) -> int:
+    """Audio slots missing before slot ``index`` when slot ``expected`` was due next.
+
+    The room's audio source stamps its RTP timestamps by sample count, so a slot the
+    session's audio track skipped (a loop too busy for real time: never sent) would
+    shift all the audio after it against the video, whose frames carry their due times:
+    at a subscriber the sound fell behind the mouth by each stall's length, 65 to 190 ms
+    within 6 s on the development VM with the host stealing 40 % of its CPU. Silence for
+    those slots keeps the audio on the clock; a slot seen twice, or one before the
+    first, adds none."""
+    if expected is None or index <= expected:
+        return 0
+    return min(index - expected, MAX_FILL_SLOTS)
 
 
 def _carries_idr(annex_b: bytes) -> bool:
